@@ -1,0 +1,1 @@
+"""The Rudder partition tool: ``python -m partitioning --help``."""

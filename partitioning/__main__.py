@@ -1,0 +1,5 @@
+import sys
+
+from partitioning.cli import main
+
+sys.exit(main())

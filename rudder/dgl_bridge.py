@@ -1,0 +1,43 @@
+"""The one door to DGL: every DGL import in Rudder goes through ``load_dgl()``.
+
+DGL 2.1.0 (the newest Linux wheel) eagerly loads its GraphBolt C++ library, built only for
+torch 2.0-2.2.1, so a plain ``import dgl`` on torch 2.13 raises FileNotFoundError for
+``libgraphbolt_pytorch_2.13.0.so``. Classic DGL (libdgl.so: graphs, sampling, blocks, SAGEConv,
+METIS) does not need GraphBolt, so we skip exactly that one library load while DGL imports and
+restore the patched functions right after. GraphBolt, ``dgl.sparse`` and tensoradapter stay
+unusable; nothing in Rudder touches them.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import warnings
+
+_GRAPHBOLT_LIB = "libgraphbolt_pytorch"
+
+
+def load_dgl():
+    """Import DGL once (with the GraphBolt skip) and return the module."""
+    if "dgl" in sys.modules:
+        return sys.modules["dgl"]
+    import torch
+
+    real_load, real_exists = torch.classes.load_library, os.path.exists
+
+    def load_library(path):
+        return None if _GRAPHBOLT_LIB in str(path) else real_load(path)
+
+    def exists(path):
+        return True if _GRAPHBOLT_LIB in str(path) else real_exists(path)
+
+    torch.classes.load_library, os.path.exists = load_library, exists
+    try:
+        with warnings.catch_warnings():
+            # torchdata 0.8 prints a datapipes deprecation banner on DGL's import.
+            warnings.simplefilter("ignore", UserWarning)
+            os.environ.setdefault("DGLBACKEND", "pytorch")
+            dgl = importlib.import_module("dgl")
+    finally:
+        torch.classes.load_library, os.path.exists = real_load, real_exists
+    return dgl

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole suite: serial tests once, then the MPI tests under mpiexec -n 1, 2 and 4.
+# Each MPI run is wrapped in `timeout` and launched through `python -m mpi4py`, so a rank that
+# fails aborts every rank instead of leaving the others blocked in a collective; each rank gets
+# its own pytest temp dir (tests/conftest.py appends the rank to --basetemp).
+# Env: PYTHON (default .venv/bin/python), MPIEXEC (default: the venv's, else PATH's mpiexec),
+#      MPI_SIZES (default "1 2 4"), PYTEST_ARGS (extra pytest arguments).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+MPIEXEC=${MPIEXEC:-$( [ -x .venv/bin/mpiexec ] && echo .venv/bin/mpiexec || command -v mpiexec )}
+MPI_SIZES=${MPI_SIZES:-1 2 4}
+BASE=$(mktemp -d "${TMPDIR:-/tmp}/rudder-tests.XXXXXX")
+trap 'rm -rf "$BASE"' EXIT
+# Oversubscribed ranks must not each start one thread per core.
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+status=0
+start=$(date +%s)
+
+echo "== serial tests"
+timeout 1200 "$PYTHON" -m pytest -q --basetemp="$BASE/serial" ${PYTEST_ARGS:-} || status=1
+
+for n in $MPI_SIZES; do
+  echo "== MPI tests, mpiexec -n $n"
+  timeout 600 "$MPIEXEC" -n "$n" "$PYTHON" -m mpi4py -m pytest -q --with-mpi -m mpi \
+      --basetemp="$BASE/mpi$n" -p no:cacheprovider ${PYTEST_ARGS:-}
+  rc=$?
+  # pytest exits 5 when a size selects no test (e.g. all need more ranks): not a failure.
+  if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then
+    echo "MPI run with $n ranks failed (exit $rc${rc:+; 124 = timeout})"; status=1
+  fi
+done
+echo "== suite finished in $(( $(date +%s) - start )) s: $([ $status -eq 0 ] && echo PASSED || echo FAILED)"
+exit $status
