@@ -49,7 +49,7 @@ class GraphData:
     def validate(self, where: str) -> None:
         """Check shapes, ranges and values; raise InputError naming ``where`` otherwise."""
         n = self.num_nodes
-        if self.features.ndim != 2 or self.features.shape[0] != n:
+        if self.features.ndim != 2 or self.features.shape[0] != n or self.features.shape[1] < 1:
             raise InputError(where, f"features have shape {tuple(self.features.shape)}, expected ({n}, D) for {n} nodes")
         if self.features.dtype != np.float32:
             raise InputError(where, f"features are {self.features.dtype}, expected float32")
@@ -102,18 +102,26 @@ def canonical_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetric:
     if num_nodes > 3_000_000_000:
         raise InputError("graph", f"{num_nodes} nodes exceed the 3e9 supported by the edge-key encoding")
     keep = src != dst
-    if symmetric:
-        key = np.concatenate([dst[keep] * num_nodes + src[keep], src[keep] * num_nodes + dst[keep]])
-    else:
-        key = dst[keep] * num_nodes + src[keep]
+    src, dst = src[keep], dst[keep]
     del keep
+    m = src.shape[0]
+    key = np.empty(2 * m if symmetric else m, dtype=np.int64)
+    np.multiply(dst, num_nodes, out=key[:m])
+    key[:m] += src
+    if symmetric:
+        np.multiply(src, num_nodes, out=key[m:])
+        key[m:] += dst
+    del src, dst
     key.sort()
     if key.size:
         distinct = np.empty(key.size, dtype=bool)
         distinct[0] = True
         np.not_equal(key[1:], key[:-1], out=distinct[1:])
         key = key[distinct]
-    return key % num_nodes, key // num_nodes
+        del distinct
+    dst = key // num_nodes
+    key %= num_nodes
+    return key, dst
 
 
 def seeded_split(num_nodes: int, fractions: tuple[float, float, float], seed: int):

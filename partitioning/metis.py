@@ -1,55 +1,81 @@
-"""Multi-constraint METIS k-way through the METIS C API.
+"""Multi-constraint METIS k-way through the METIS 5.2 C API (the ``cmeel-metis`` wheel).
 
-pymetis bundles METIS 5 but its Python wrapper passes a single balance constraint (it reads
-only the first of several per-node weights), and DGL's METIS fork gives different partitions
-from run to run. We call ``METIS_PartGraphKway`` from pymetis' own library directly: the
-documented C API, all constraints, a fixed seed, and the same result every time.
+Why not the obvious wrappers: pymetis passes a single balance constraint (it reads only the
+first of several per-node weights) and its 64-bit METIS 5.1 needs ~110 bytes per directed edge
+on RMAT graphs; DGL's METIS fork gives different partitions from run to run and writes temp
+files into the working directory. METIS 5.2 with 32-bit indices and METIS_OPTION_DROPEDGES
+(the option DGL added upstream) needs ~16 bytes per edge at the same cut, takes a seed, and
+returns the same partition every time.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
+import re
+import site
+import sys
 
 import numpy as np
 
 from partitioning.graph import InputError
 
-METIS_NOPTIONS = 40
-METIS_OPTION_SEED = 8  # METIS 5.1 option order (pymetis.OptionKey.SEED)
 METIS_OK = 1
 METIS_ERRORS = {-2: "input error", -3: "out of memory", -4: "error"}
 
 
-def _library():
-    import pymetis
-    from pymetis import _internal
+def _prefix() -> str:
+    for base in [*sys.path, *site.getsitepackages()]:
+        candidate = os.path.join(base, "cmeel.prefix")
+        if os.path.isfile(os.path.join(candidate, "lib", "libmetis.so")):
+            return candidate
+    raise InputError("--method metis", "METIS library not found (pip install cmeel-metis), or use --method random")
 
-    if _internal._idx_type_width() != 64 or int(pymetis.OptionKey.SEED) != METIS_OPTION_SEED:
-        raise InputError("pymetis", "its METIS build has an unexpected index width or option layout")
-    lib = ctypes.CDLL(_internal.__file__)
+
+@functools.cache
+def _metis():
+    """Load libmetis and read its index width and option layout from the shipped metis.h,
+    so a different METIS build cannot be called with the wrong struct layout."""
+    prefix = _prefix()
+    with open(os.path.join(prefix, "include", "metis.h")) as f:
+        header = f.read()
+    width = int(re.search(r"^#define IDXTYPEWIDTH (\d+)", header, re.M).group(1))
+    nopt = int(re.search(r"^#define METIS_NOPTIONS\s+(\d+)", header, re.M).group(1))
+    body = re.search(r"typedef enum \{([^}]*)\} moptions_et;", header).group(1)
+    names = [ln.strip().rstrip(",") for ln in body.splitlines() if ln.strip().startswith("METIS_OPTION_")]
+    option = {name.removeprefix("METIS_OPTION_"): i for i, name in enumerate(names)}
+    # libmetis links libGKlib by name; load it first so the dynamic linker finds it.
+    ctypes.CDLL(os.path.join(prefix, "lib", "libGKlib.so"), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(os.path.join(prefix, "lib", "libmetis.so"))
     lib.METIS_PartGraphKway.restype = ctypes.c_int
-    return lib
+    idx = {32: np.int32, 64: np.int64}[width]
+    return lib, idx, nopt, option
 
 
 def part_graph_kway(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray, ncon: int, nparts: int,
                     seed: int) -> tuple[int, np.ndarray]:
     """Partition an undirected CSR graph (both directions stored, no self-loops) into ``nparts``
     with ``ncon`` node-major balance weights per vertex; returns (edge cut, part of each vertex)."""
+    lib, idx, nopt, option = _metis()
     n = xadj.shape[0] - 1
-    xadj = np.ascontiguousarray(xadj, dtype=np.int64)
-    adjncy = np.ascontiguousarray(adjncy, dtype=np.int64)
-    vweights = np.ascontiguousarray(vweights, dtype=np.int64)
+    limit = np.iinfo(idx).max
+    if adjncy.shape[0] > limit or vweights.sum() > limit:
+        raise InputError("--method metis", f"{adjncy.shape[0]} directed edges exceed this METIS build's "
+                         f"{np.dtype(idx).itemsize * 8}-bit indices; use --method random")
     if vweights.shape != (n * ncon,):
         raise ValueError(f"vweights must hold {ncon} weights per vertex")
-    options = np.full(METIS_NOPTIONS, -1, dtype=np.int64)  # -1: METIS default
-    options[METIS_OPTION_SEED] = seed
-    part = np.empty(n, dtype=np.int64)
-    i64 = ctypes.c_int64
-    nvtxs, ncon_c, nparts_c, objval = i64(n), i64(ncon), i64(nparts), i64(0)
+    xadj, adjncy, vweights = (np.ascontiguousarray(a, dtype=idx) for a in (xadj, adjncy, vweights))
+    options = np.full(nopt, -1, dtype=idx)  # -1: METIS default
+    options[option["SEED"]] = seed
+    options[option["DROPEDGES"]] = 1  # coarsen on a sparsified graph: a third of the memory
+    part = np.empty(n, dtype=idx)
+    c_idx = ctypes.c_int32 if idx is np.int32 else ctypes.c_int64
+    nvtxs, ncon_c, nparts_c, objval = c_idx(n), c_idx(ncon), c_idx(nparts), c_idx(0)
     ptr = ctypes.c_void_p
-    status = _library().METIS_PartGraphKway(
+    status = lib.METIS_PartGraphKway(
         ctypes.byref(nvtxs), ctypes.byref(ncon_c), ptr(xadj.ctypes.data), ptr(adjncy.ctypes.data),
         ptr(vweights.ctypes.data), None, None, ctypes.byref(nparts_c), None, None,
         ptr(options.ctypes.data), ctypes.byref(objval), ptr(part.ctypes.data))
     if status != METIS_OK:
         raise InputError("--method metis", f"METIS_PartGraphKway failed: {METIS_ERRORS.get(status, status)}")
-    return int(objval.value), part
+    return int(objval.value), part.astype(np.int64)

@@ -91,9 +91,8 @@ def test_known_dataset_facts():
 
 
 def test_same_input_same_files(tmp_path):
-    """Two runs of the tool (separate processes, as users run it) write identical partitions.
-    DGL's METIS takes no seed and keeps RNG state between calls in one process, so determinism
-    holds per process; --seed drives the random method."""
+    """Two runs of the tool (separate processes, as users run it) write identical partitions;
+    --seed changes the result of both methods."""
     from conftest import run_cli
 
     spec = "synthetic:sbm:nodes=2000,blocks=4,feat_dim=8,seed=5"
@@ -103,6 +102,10 @@ def test_same_input_same_files(tmp_path):
     assert [p.sha256 for p in a.parts] == [p.sha256 for p in b.parts]
     assert a.edge_hash == b.edge_hash and a.offsets == b.offsets
     graph = load_spec(spec)
+    m1, _ = partition_graph(graph, 3, str(tmp_path / "m1"), method="metis", seed=0)
+    m2, _ = partition_graph(graph, 3, str(tmp_path / "m2"), method="metis", seed=7)
+    assert [p.sha256 for p in m1.parts] == [p.sha256 for p in a.parts]  # in-process == CLI
+    assert [p.sha256 for p in m2.parts] != [p.sha256 for p in a.parts]
     r1, _ = partition_graph(graph, 3, str(tmp_path / "r1"), method="random", seed=2)
     r2, _ = partition_graph(graph, 3, str(tmp_path / "r2"), method="random", seed=2)
     r3, _ = partition_graph(graph, 3, str(tmp_path / "r3"), method="random", seed=3)
