@@ -21,7 +21,8 @@ $(STAMP): setup.cfg pyproject.toml
 	  || { echo "make venv: $(PYTHON) is older than 3.11; run make PYTHON=/path/to/python3.11"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) \
 	  || { echo "make venv: cannot create $(VENV) (on Debian/Ubuntu: apt install python3.11-venv)"; rm -rf $(VENV); exit 1; }
-	$(PY) -m pip install --disable-pip-version-check $(FIND_LINKS) $(PIP_EXTRA) -e '.[mpich,test]'
+	@echo "make venv: installing into $(VENV) (about a minute; a source build of llama-cpp-python adds ~7)"
+	$(PY) -m pip install -q --disable-pip-version-check $(FIND_LINKS) $(PIP_EXTRA) -e '.[mpich,test]'
 	@touch $(STAMP)
 
 demo: venv

@@ -23,6 +23,8 @@ def pytest_configure(config):
         if MPI.COMM_WORLD.size > 1:
             os.makedirs(config.option.basetemp, exist_ok=True)  # pytest creates only the last level
             config.option.basetemp = os.path.join(config.option.basetemp, f"rank{MPI.COMM_WORLD.rank}")
+            if MPI.COMM_WORLD.rank and getattr(config.option, "xmlpath", None):  # rank 0 writes the report
+                config.option.xmlpath = f"{config.option.xmlpath}.rank{MPI.COMM_WORLD.rank}"
 
 
 def shared_dataset(kind: str, name: str) -> str:

@@ -18,17 +18,19 @@ status=0
 start=$(date +%s)
 
 echo "== serial tests"
-timeout 1200 "$PYTHON" -m pytest -q --basetemp="$BASE/serial" ${PYTEST_ARGS:-} || status=1
+timeout 1200 "$PYTHON" -m pytest -q --basetemp="$BASE/serial" --junitxml="$BASE/serial.xml" ${PYTEST_ARGS:-} || status=1
 
 for n in $MPI_SIZES; do
   echo "== MPI tests, mpiexec -n $n"
   timeout 600 "$MPIEXEC" -n "$n" "$PYTHON" -m mpi4py -m pytest -q --with-mpi -m mpi \
-      --basetemp="$BASE/mpi$n" -p no:cacheprovider ${PYTEST_ARGS:-}
+      --basetemp="$BASE/mpi$n" --junitxml="$BASE/mpi$n.xml" -p no:cacheprovider ${PYTEST_ARGS:-}
   rc=$?
   # pytest exits 5 when a size selects no test (e.g. all need more ranks): not a failure.
   if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then
     echo "MPI run with $n ranks failed (exit $rc${rc:+; 124 = timeout})"; status=1
   fi
 done
-echo "== suite finished in $(( $(date +%s) - start )) s: $([ $status -eq 0 ] && echo PASSED || echo FAILED)"
+echo "== suite finished in $(( $(date +%s) - start )) s"
+# One closing line for the whole suite (MPI runs counted once, from rank 0's report).
+"$PYTHON" tests/junit_totals.py "$BASE"/serial.xml "$BASE"/mpi*.xml || status=1
 exit $status
