@@ -1,21 +1,41 @@
 """Sum pytest JUnit XML reports into one closing line: `suite: N passed, N failed, N skipped`.
-A missing or unreadable report (a run that died before writing it) counts as a failure."""
+
+Each argument is one run's report; under MPI the other ranks' reports sit beside it as
+REPORT.rankN, and a test counts once, as failed if it failed on any rank. A missing or
+unreadable report (a run that died or hung before writing it) counts as a failure.
+"""
+import glob
 import sys
 import xml.etree.ElementTree as ET
 
-passed = failed = skipped = 0
-for path in sys.argv[1:]:
-    try:
-        suites = ET.parse(path).getroot().iter("testsuite")
-    except (OSError, ET.ParseError):
-        print(f"missing test report {path} (the run died before writing it)")
-        failed += 1
-        continue
-    for s in suites:
-        tests, fails = int(s.get("tests", 0)), int(s.get("failures", 0)) + int(s.get("errors", 0))
-        skips = int(s.get("skipped", 0))
-        passed += tests - fails - skips
-        failed += fails
-        skipped += skips
-print(f"suite: {passed} passed, {failed} failed, {skipped} skipped")
-sys.exit(1 if failed else 0)
+
+def outcomes(path):
+    result = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        key = (case.get("classname"), case.get("name"))
+        if case.find("failure") is not None or case.find("error") is not None:
+            result[key] = "failed"
+        elif case.find("skipped") is not None:
+            result[key] = "skipped"
+        else:
+            result[key] = "passed"
+    return result
+
+
+counts = {"passed": 0, "failed": 0, "skipped": 0}
+for report in sys.argv[1:]:
+    merged = {}
+    for path in [report, *sorted(glob.glob(report + ".rank*"))]:
+        try:
+            found = outcomes(path)
+        except (OSError, ET.ParseError):
+            print(f"missing test report {path} (the run died or hung before writing it)")
+            counts["failed"] += 1
+            continue
+        for key, status in found.items():
+            if status == "failed" or key not in merged:  # a failure on any rank wins
+                merged[key] = status
+    for status in merged.values():
+        counts[status] += 1
+print(f"suite: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+sys.exit(1 if counts["failed"] else 0)

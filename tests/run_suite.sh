@@ -27,10 +27,11 @@ for n in $MPI_SIZES; do
   rc=$?
   # pytest exits 5 when a size selects no test (e.g. all need more ranks): not a failure.
   if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then
-    echo "MPI run with $n ranks failed (exit $rc${rc:+; 124 = timeout})"; status=1
+    echo "MPI run with $n ranks failed (exit $rc$([ $rc -eq 124 ] && echo ': timed out'))"; status=1
   fi
 done
 echo "== suite finished in $(( $(date +%s) - start )) s"
 # One closing line for the whole suite (MPI runs counted once, from rank 0's report).
-"$PYTHON" tests/junit_totals.py "$BASE"/serial.xml "$BASE"/mpi*.xml || status=1
+reports=("$BASE/serial.xml"); for n in $MPI_SIZES; do reports+=("$BASE/mpi$n.xml"); done
+"$PYTHON" tests/junit_totals.py "${reports[@]}" || status=1
 exit $status
