@@ -1,6 +1,6 @@
-"""Feature-store paths that need more than one node: one host is made to look like two to MPICH
-(MPIR_CVAR_NUM_CLIQUES=2), so off-node reads go through RMA Get, the node partition mode
-shares a partition between a node's trainers, and agent ranks sit out."""
+"""Feature-store and sampler paths that need more than one node: one host is made to look like
+two to MPICH (MPIR_CVAR_NUM_CLIQUES=2), so off-node reads go through RMA Get, the node partition
+mode shares a partition between a node's trainers, and agent ranks sit out."""
 from __future__ import annotations
 
 import os
@@ -15,7 +15,7 @@ from partitioning.partition import partition_graph
 from partitioning.sources import load_spec
 from test_mpi_launch import mpiexec
 
-SCRIPT = os.path.join(REPO, "tests", "mpi_scripts", "check_feature_store.py")
+SCRIPT = os.path.join(REPO, "tests", "mpi_scripts", "check_remote_paths.py")
 SPEC = "synthetic:sbm:nodes=2000,blocks=4,avg_degree=6,feat_dim=12,seed=9"
 
 

@@ -1,0 +1,64 @@
+"""Launched by tests/test_feature_store_paths.py under mpiexec with MPIR_CVAR_NUM_CLIQUES=2 (one
+host seen as two nodes): checks feature gathers and 2-hop sampling through RMA Get, the node
+partition mode and agent ranks.
+
+    python -m mpi4py check_remote_paths.py PARTS_DIR MODE AGENT   (MODE: trainer|node, AGENT: 0|1)
+"""
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from rudder.feature_store import FeatureStore, exposer_table
+from rudder.layout import LayoutError, build_layout
+from rudder.partition_store import PartitionMeta, read_features, read_partition
+from rudder.sampler import Adjacency, NeighborSampler
+
+parts_dir, mode, agent = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+world = MPI.COMM_WORLD
+meta = PartitionMeta.load(parts_dir)
+try:
+    layout = build_layout(meta.num_parts, agent_per_node=agent, partition_mode=mode)
+except LayoutError as e:  # every rank reaches it; rank 0 reports, then all leave together
+    if world.rank == 0:
+        print(f"LayoutError: {e}", flush=True)
+    world.Barrier()
+    sys.exit(2)
+if layout.is_agent:
+    print(f"rank {world.rank}: agent on node {layout.node_id}", flush=True)
+    sys.exit(0)
+truth = np.concatenate([read_features(parts_dir, p, meta) for p in range(meta.num_parts)])
+store = FeatureStore(layout, meta, parts_dir)
+ids = np.random.default_rng(world.rank).integers(0, meta.num_nodes, size=3000)
+rows, stats = store.gather(ids)
+assert np.array_equal(rows, truth[ids]), "rows differ from the owner's"
+rows, full = store.gather(np.arange(meta.num_nodes))
+assert np.array_equal(rows, truth)
+on_node = sum(meta.parts[p].num_owned for p in store.views)
+assert full.rows_local + full.rows_shared == on_node and full.rows_remote == meta.num_nodes - on_node
+assert full.bytes_remote == full.rows_remote * meta.feat_dim * 4
+
+# 2-hop sampling from this trainer's seeds: every destination gets min(in-degree, fanout) true
+# in-neighbours, with adjacency of the other node read by RMA.
+parts = [read_partition(parts_dir, p, meta) for p in range(meta.num_parts)]
+indptr = np.concatenate([[0], np.cumsum(np.concatenate([np.diff(p.indptr) for p in parts]))])
+indices = np.concatenate([p.indices for p in parts])
+adjacency = Adjacency(layout, meta, parts[layout.partition_id], exposer_table(layout, meta.num_parts))
+own = parts[layout.partition_id]
+seeds = own.node_start + np.flatnonzero(own.train_mask)[layout.node_trainers.rank::layout.node_trainers.size]
+mb = NeighborSampler(adjacency, [4, 6], seed=world.rank).sample(seeds)
+src_nodes = mb.input_nodes
+for layer, fanout in zip(mb.layers, [4, 6]):
+    dst_nodes = src_nodes[:layer.num_dst]
+    degree = indptr[dst_nodes + 1] - indptr[dst_nodes]
+    assert np.array_equal(np.bincount(layer.dst, minlength=layer.num_dst), np.minimum(degree, fanout))
+    s_, d_ = src_nodes[layer.src], dst_nodes[layer.dst]
+    for v in dst_nodes[:100]:
+        assert np.isin(s_[d_ == v], indices[indptr[v]:indptr[v + 1]]).all()
+    src_nodes = dst_nodes
+assert mb.stats.rows_remote > 0, "the sampler read no remote adjacency"
+adjacency.close()
+store.close()
+print(f"rank {world.rank}: node {layout.node_id}/{layout.num_nodes} partition {layout.partition_id} "
+      f"local {full.rows_local} shared {full.rows_shared} remote {full.rows_remote} owners {full.owners_touched} OK",
+      flush=True)
