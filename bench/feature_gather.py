@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
+
+from mpi_job import add_worker_flags, run_worker_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,26 +69,15 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--nodes", type=int, default=200000)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
+    add_worker_flags(ap)
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    import tempfile
-
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     print(f"{a.rows} random rows x {a.dim} float32 per gather, {a.reps} reps, 2 ranks, {os.cpu_count()} cores")
     print(f"{'peer path':<15} {'local rows/s':>14} {'peer rows/s':>14} {'peer/local':>11}")
     for cliques in ("1", "2"):
-        with tempfile.TemporaryDirectory() as work:
-            env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_NUM_CLIQUES=cliques)
-            proc = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "mpi4py", os.path.abspath(__file__),
-                                   "--worker", "--workdir", work, "--rows", str(a.rows), "--dim", str(a.dim),
-                                   "--reps", str(a.reps), "--nodes", str(a.nodes)],
-                                  capture_output=True, text=True, env=env, timeout=600)
-        if proc.returncode:
-            raise SystemExit(proc.stdout + proc.stderr)
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        r = run_worker_job(__file__, ["--rows", str(a.rows), "--dim", str(a.dim), "--reps", str(a.reps),
+                                      "--nodes", str(a.nodes)], 2, env={"MPIR_CVAR_NUM_CLIQUES": cliques}, timeout=600)
         print(f"{r['path']:<15} {r['local_rows_s']:>14,.0f} {r['peer_rows_s']:>14,.0f} {r['peer_rows_s'] / r['local_rows_s']:>10.2f}x")
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
+
+from mpi_job import add_worker_flags, run_worker_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,20 +81,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--fanouts", default="10,25")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
+    add_worker_flags(ap)
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    with tempfile.TemporaryDirectory() as work:
-        proc = subprocess.run([mpiexec, "-n", str(a.ranks), sys.executable, "-m", "mpi4py", os.path.abspath(__file__),
-                               "--worker", "--workdir", work, "--spec", a.spec, "--batch", str(a.batch),
-                               "--fanouts", a.fanouts, "--reps", str(a.reps)],
-                              capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=1200)
-    if proc.returncode:
-        raise SystemExit(proc.stdout + proc.stderr)
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = run_worker_job(__file__, ["--spec", a.spec, "--batch", str(a.batch), "--fanouts", a.fanouts, "--reps", str(a.reps)],
+                       a.ranks)
     print(f"{a.spec}: {r['nodes']} nodes, {r['edges']} edges; {a.ranks} ranks on {os.cpu_count()} cores; "
           f"batch {a.batch}, fanouts {a.fanouts}, {a.reps} minibatches per rank")
     print(f"DGL single process: {r['dgl']:,.0f} seeds/s")

@@ -53,3 +53,25 @@ def cora_copy(tmp_path):
     dst = tmp_path / "cora"
     shutil.copytree(BUNDLED_CORA, dst)
     return dst
+
+
+def partition_on_rank0(tmp_path_factory, spec: str, name: str, method: str = "metis", seed: int = 0) -> str:
+    """Under MPI: rank 0 partitions ``spec`` into one part per rank and every rank gets the
+    directory. A failure on rank 0 reaches every rank, so none waits in bcast forever."""
+    from mpi4py import MPI
+
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+
+    comm = MPI.COMM_WORLD
+    out, error = None, None
+    if comm.rank == 0:
+        try:
+            out = str(tmp_path_factory.mktemp(name) / "parts")
+            partition_graph(load_spec(spec), comm.size, out, method=method, seed=seed)
+        except Exception as e:
+            error = f"rank 0 could not partition {spec}: {type(e).__name__}: {e}"
+    out, error = comm.bcast((out, error), root=0)
+    if error:
+        pytest.fail(error)
+    return out

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import partition_on_rank0
+
 pytestmark = pytest.mark.mpi
 
 SPEC = "synthetic:sbm:nodes=3000,blocks=5,avg_degree=6,feat_dim=24,seed=4"
@@ -13,23 +15,7 @@ SPEC = "synthetic:sbm:nodes=3000,blocks=5,avg_degree=6,feat_dim=24,seed=4"
 
 @pytest.fixture(scope="module")
 def parts_dir(tmp_path_factory):
-    from mpi4py import MPI
-
-    from partitioning.partition import partition_graph
-    from partitioning.sources import load_spec
-
-    comm = MPI.COMM_WORLD
-    out, error = None, None
-    if comm.rank == 0:
-        try:
-            out = str(tmp_path_factory.mktemp("fs") / "parts")
-            partition_graph(load_spec(SPEC), comm.size, out, method="random", seed=1)
-        except Exception as e:  # tell every rank, or they wait in bcast
-            error = f"{type(e).__name__}: {e}"
-    out, error = comm.bcast((out, error), root=0)
-    if error:
-        pytest.fail(error)
-    return out
+    return partition_on_rank0(tmp_path_factory, SPEC, "fs", method="random", seed=1)
 
 
 def expected_rows(parts_dir):

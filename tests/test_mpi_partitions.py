@@ -5,31 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import BUNDLED_CORA
+from conftest import BUNDLED_CORA, partition_on_rank0
 
 pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(scope="module")
 def partitioned(tmp_path_factory):
-    """Rank 0 partitions the bundled Cora into one part per rank; every rank gets the path."""
-    from mpi4py import MPI
-
-    from partitioning.partition import partition_graph
-    from partitioning.sources import load_spec
-
-    comm = MPI.COMM_WORLD
-    out, error = None, None
-    if comm.rank == 0:
-        try:
-            out = str(tmp_path_factory.mktemp("parts") / f"cora-{comm.size}")
-            partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), comm.size, out, method="metis")
-        except Exception as e:  # every rank must learn of it, or the others wait in bcast forever
-            error = f"{type(e).__name__}: {e}"
-    out, error = comm.bcast((out, error), root=0)
-    if error:
-        pytest.fail(f"rank 0 could not partition: {error}")
-    return out
+    """The bundled Cora in one METIS part per rank."""
+    return partition_on_rank0(tmp_path_factory, f"planetoid:{BUNDLED_CORA}:cora", "cora")
 
 
 def test_each_rank_reads_its_partition(partitioned):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import BUNDLED_CORA
+from conftest import BUNDLED_CORA, partition_on_rank0
 
 pytestmark = pytest.mark.mpi
 
@@ -15,26 +15,12 @@ SPECS = {"cora": f"planetoid:{BUNDLED_CORA}:cora", "sbm": "synthetic:sbm:nodes=1
 
 @pytest.fixture(scope="module", params=sorted(SPECS))
 def setup(request, tmp_path_factory):
-    from mpi4py import MPI
-
-    from partitioning.partition import partition_graph
-    from partitioning.sources import load_spec
     from rudder.feature_store import exposer_table
     from rudder.layout import build_layout
     from rudder.partition_store import PartitionMeta, read_partition
     from rudder.sampler import Adjacency
 
-    comm = MPI.COMM_WORLD
-    out, error = None, None
-    if comm.rank == 0:
-        try:
-            out = str(tmp_path_factory.mktemp(request.param) / "parts")
-            partition_graph(load_spec(SPECS[request.param]), comm.size, out, method="metis")
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}"
-    out, error = comm.bcast((out, error), root=0)
-    if error:
-        pytest.fail(error)
+    out = partition_on_rank0(tmp_path_factory, SPECS[request.param], request.param)
     meta = PartitionMeta.load(out)
     layout = build_layout(meta.num_parts)
     parts = [read_partition(out, p, meta) for p in range(meta.num_parts)]  # the truth, from the files
