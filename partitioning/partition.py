@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from partitioning.graph import GraphData, InputError
+from partitioning.graph import GraphData, InputError, canonical_edges
 from rudder.partition_store import (METADATA_FILE, PartInfo, PartitionFormatError, PartitionMeta,
                                     edge_multiset_hash, part_file_name, sha256_file, write_partition_file)
 
@@ -27,8 +27,6 @@ def assign_metis(graph: GraphData, num_parts: int, seed: int) -> np.ndarray:
     n = graph.num_nodes
     src, dst = graph.src, graph.dst
     if not graph.info.get("symmetrised", False):  # METIS needs an undirected graph
-        from partitioning.graph import canonical_edges
-
         src, dst = canonical_edges(src, dst, n, symmetric=True)
     # canonical edges are sorted by dst, so the src column is a CSR adjacency list
     xadj = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64)

@@ -17,7 +17,6 @@ takes ``sym=0`` to keep edge directions (default: symmetrise). Paths may not con
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import pickle
