@@ -29,9 +29,8 @@ def worker(a) -> None:
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
     from rudder.dgl_bridge import load_dgl
-    from rudder.feature_store import exposer_table
-    from rudder.layout import build_layout
-    from rudder.partition_store import PartitionMeta, read_partition
+    from rudder.layout import build_layout, exposer_table
+    from rudder.partition_store import PartitionMeta, global_csr, read_partition
     from rudder.sampler import Adjacency, NeighborSampler
 
     comm = MPI.COMM_WORLD
@@ -51,8 +50,7 @@ def worker(a) -> None:
     rng = np.random.default_rng(comm.rank)
     if comm.rank == 0:
         dgl = load_dgl()
-        indptr = np.concatenate([[0], np.cumsum(np.concatenate([np.diff(p.indptr) for p in parts]))])
-        indices = np.concatenate([p.indices for p in parts])
+        indptr, indices = global_csr(parts)
         g = dgl.graph(("csc", (torch.from_numpy(indptr), torch.from_numpy(indices), torch.tensor([], dtype=torch.int64))),
                       num_nodes=meta.num_nodes)
         dgl_sampler = dgl.dataloading.NeighborSampler(fanouts)

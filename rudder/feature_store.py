@@ -12,19 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from rudder.dist_array import DistributedArray, ReadStats
+from rudder.layout import exposer_table
 from rudder.partition_store import PartitionMeta, read_features
-
-FetchStats = ReadStats
-
-
-def exposer_table(layout, num_parts: int) -> np.ndarray:
-    """Trainer rank exposing each partition's data (collective over the trainers)."""
-    exposes = layout.partition_mode == "trainer" or layout.node_trainers.rank == 0
-    exposer = np.full(num_parts, -1, dtype=np.int64)
-    for rank, part in enumerate(layout.trainers.allgather(layout.partition_id if exposes else -1)):
-        if part >= 0:
-            exposer[part] = rank
-    return exposer
 
 
 class FeatureStore:
@@ -44,10 +33,10 @@ class FeatureStore:
     def views(self) -> dict:
         return self.rows.views
 
-    def gather(self, gids: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, FetchStats]:
+    def gather(self, gids: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, ReadStats]:
         """Feature rows of global IDs ``gids`` (any order, repeats allowed), into ``out`` if given."""
         gids = np.asarray(gids, dtype=np.int64)
-        parts = np.searchsorted(self.offsets, gids, side="right") - 1
+        parts = self.meta.owner_of(gids)
         return self.rows.read(parts, gids - self.offsets[parts], out)
 
     def close(self) -> None:

@@ -66,6 +66,19 @@ def cores_available() -> int:
         return os.cpu_count() or 1
 
 
+def exposer_table(layout: Layout, num_parts: int):
+    """Trainer rank holding each partition's data: partition p's trainer in ``trainer`` mode,
+    the lowest trainer of the node in ``node`` mode (collective over the trainers)."""
+    import numpy as np
+
+    exposes = layout.partition_mode == "trainer" or layout.node_trainers.rank == 0
+    exposer = np.full(num_parts, -1, dtype=np.int64)
+    for rank, part in enumerate(layout.trainers.allgather(layout.partition_id if exposes else -1)):
+        if part >= 0:
+            exposer[part] = rank
+    return exposer
+
+
 def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode: str = "trainer",
                  comm=None) -> Layout:
     from mpi4py import MPI

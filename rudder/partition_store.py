@@ -179,6 +179,13 @@ class Partition:
         return self.node_end - self.node_start
 
 
+def global_csr(parts: list[Partition]) -> tuple[np.ndarray, np.ndarray]:
+    """The whole graph's in-edge CSR (indptr, indices) in global IDs, from all partitions in
+    order (offline checks and single-process baselines; trainers never hold this)."""
+    indptr = np.concatenate([[0], np.cumsum(np.concatenate([np.diff(p.indptr) for p in parts]))])
+    return indptr.astype(np.int64), np.concatenate([p.indices for p in parts])
+
+
 def feature_chunk_rows(feat_dim: int, target_bytes: int = 1 << 20) -> int:
     return max(1, min(1 << 16, target_bytes // (4 * max(feat_dim, 1))))
 

@@ -26,6 +26,7 @@ class Adjacency:
     """The partitioned in-edge CSR, readable from every trainer."""
 
     def __init__(self, layout, meta, partition, exposer):
+        self.meta = meta
         self.offsets = np.asarray(meta.offsets, dtype=np.int64)
         comm, mine = layout.trainers, layout.partition_id
 
@@ -41,7 +42,7 @@ class Adjacency:
 
     def rows(self, gids: np.ndarray, stats: ReadStats):
         """(partition, start in that partition's indices, in-degree) of each global ID."""
-        parts = np.searchsorted(self.offsets, gids, side="right") - 1
+        parts = self.meta.owner_of(gids)
         local = gids - self.offsets[parts]
         both, s = self.indptr.read(np.concatenate([parts, parts]), np.concatenate([local, local + 1]))
         stats.add(s)

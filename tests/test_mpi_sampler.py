@@ -15,9 +15,8 @@ SPECS = {"cora": f"planetoid:{BUNDLED_CORA}:cora", "sbm": "synthetic:sbm:nodes=1
 
 @pytest.fixture(scope="module", params=sorted(SPECS))
 def setup(request, tmp_path_factory):
-    from rudder.feature_store import exposer_table
-    from rudder.layout import build_layout
-    from rudder.partition_store import PartitionMeta, read_partition
+    from rudder.layout import build_layout, exposer_table
+    from rudder.partition_store import PartitionMeta, global_csr, read_partition
     from rudder.sampler import Adjacency
 
     out = partition_on_rank0(tmp_path_factory, SPECS[request.param], request.param)
@@ -25,8 +24,7 @@ def setup(request, tmp_path_factory):
     layout = build_layout(meta.num_parts)
     parts = [read_partition(out, p, meta) for p in range(meta.num_parts)]  # the truth, from the files
     adjacency = Adjacency(layout, meta, parts[layout.partition_id], exposer_table(layout, meta.num_parts))
-    indptr = np.concatenate([[0], np.cumsum(np.concatenate([np.diff(p.indptr) for p in parts]))])
-    indices = np.concatenate([p.indices for p in parts])
+    indptr, indices = global_csr(parts)
     yield meta, layout, parts, adjacency, indptr, indices
     adjacency.close()
 

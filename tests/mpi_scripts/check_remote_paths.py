@@ -9,9 +9,9 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from rudder.feature_store import FeatureStore, exposer_table
-from rudder.layout import LayoutError, build_layout
-from rudder.partition_store import PartitionMeta, read_features, read_partition
+from rudder.feature_store import FeatureStore
+from rudder.layout import LayoutError, build_layout, exposer_table
+from rudder.partition_store import PartitionMeta, global_csr, read_features, read_partition
 from rudder.sampler import Adjacency, NeighborSampler
 
 parts_dir, mode, agent = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
@@ -41,8 +41,7 @@ assert full.bytes_remote == full.rows_remote * meta.feat_dim * 4
 # 2-hop sampling from this trainer's seeds: every destination gets min(in-degree, fanout) true
 # in-neighbours, with adjacency of the other node read by RMA.
 parts = [read_partition(parts_dir, p, meta) for p in range(meta.num_parts)]
-indptr = np.concatenate([[0], np.cumsum(np.concatenate([np.diff(p.indptr) for p in parts]))])
-indices = np.concatenate([p.indices for p in parts])
+indptr, indices = global_csr(parts)
 adjacency = Adjacency(layout, meta, parts[layout.partition_id], exposer_table(layout, meta.num_parts))
 own = parts[layout.partition_id]
 seeds = own.node_start + np.flatnonzero(own.train_mask)[layout.node_trainers.rank::layout.node_trainers.size]
