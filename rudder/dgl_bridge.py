@@ -41,3 +41,22 @@ def load_dgl():
     finally:
         torch.classes.load_library, os.path.exists = real_load, real_exists
     return dgl
+
+
+def sage_conv(in_feats: int, out_feats: int):
+    """DGL's GraphSAGE layer with the mean aggregator (the paper's model)."""
+    return load_dgl().nn.SAGEConv(in_feats, out_feats, aggregator_type="mean")
+
+
+def to_blocks(layers, device=None) -> list:
+    """DGL message-flow blocks from sampled layers (``rudder.sampler.Layer``, input side first):
+    edges as local (src, dst) indices, destination nodes first among the sources."""
+    import torch
+
+    dgl = load_dgl()
+    blocks = []
+    for layer in layers:
+        block = dgl.create_block((torch.from_numpy(layer.src), torch.from_numpy(layer.dst)),
+                                 num_src_nodes=layer.num_src, num_dst_nodes=layer.num_dst)
+        blocks.append(block.to(device) if device is not None else block)
+    return blocks

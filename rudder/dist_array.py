@@ -14,6 +14,7 @@ then one ``Flush`` per owner.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ class ReadStats:
     rows_remote: int = 0  # fetched with RMA Get
     bytes_remote: int = 0
     owners_touched: int = 0  # distinct owners read with RMA
+    seconds_remote: float = 0.0  # wall time from the first Get to the last Flush
 
     def add(self, other: "ReadStats") -> None:
         for name in vars(self):
@@ -84,7 +86,7 @@ class DistributedArray:
             return out, stats
         order = np.argsort(parts, kind="stable")
         bounds = np.searchsorted(parts[order], np.arange(self.exposer.size + 1))
-        pending, datatypes = [], []
+        pending, datatypes, remote_start = [], [], 0.0
         for part in np.flatnonzero(np.diff(bounds)):
             positions = order[bounds[part]:bounds[part + 1]]  # increasing
             local = index[positions]
@@ -101,6 +103,8 @@ class DistributedArray:
                     stats.rows_shared += positions.size
                 continue
             rank = int(self.exposer[part])
+            if not pending:
+                remote_start = time.perf_counter()
             if local.max() > np.iinfo(np.int32).max:  # MPI datatype displacements are C ints
                 raise OverflowError(f"row {int(local.max())} of partition {part} is beyond the 2^31 rows one RMA read can address")
             target = self.row_type.Create_indexed_block(1, local.astype(np.int32)).Commit()
@@ -114,8 +118,17 @@ class DistributedArray:
             self.win.Flush(rank)
         for dt in datatypes:
             dt.Free()
+        if pending:
+            stats.seconds_remote = time.perf_counter() - remote_start
         stats.owners_touched = len(pending)
         return out, stats
+
+    def publish(self) -> None:
+        """Collective over ``comm``: rows written into segments (own or same-node views) after
+        construction become visible to every reader."""
+        self.win.Sync()
+        self.comm.Barrier()
+        self.win.Sync()
 
     def close(self) -> None:
         """Collective over ``comm``: call on every rank once no rank reads any more."""

@@ -220,7 +220,9 @@ def _h5_path(directory: str, meta: PartitionMeta, part_id: int) -> str:
     return path
 
 
-def read_partition(directory: str, part_id: int, meta: PartitionMeta | None = None) -> Partition:
+def read_partition(directory: str, part_id: int, meta: PartitionMeta | None = None, structure: bool = True) -> Partition:
+    """A partition's node data, and with ``structure`` its CSR (a node's trainers that read the
+    partition's CSR through another rank's window skip it)."""
     import h5py
 
     meta = meta or PartitionMeta.load(directory)
@@ -230,9 +232,11 @@ def read_partition(directory: str, part_id: int, meta: PartitionMeta | None = No
             a = f.attrs
             if a.get("format") != FORMAT_NAME or int(a.get("format_version", -1)) != FORMAT_VERSION or int(a["part_id"]) != part_id:
                 raise PartitionFormatError(f"{path}: not partition {part_id} of format {FORMAT_NAME} v{FORMAT_VERSION}")
+            heavy = ("csr/indptr", "csr/indices")
             return Partition(part_id, int(a["node_start"]), int(a["node_end"]),
-                             *(f[k][()] for k in ("labels", "train_mask", "val_mask", "test_mask", "orig_ids", "in_degree",
-                                                  "csr/indptr", "csr/indices", "halo/nodes", "halo/owners", "halo/in_degree")))
+                             *(f[k][()] if structure or k not in heavy else np.empty(0, f[k].dtype)
+                               for k in ("labels", "train_mask", "val_mask", "test_mask", "orig_ids", "in_degree")
+                               + heavy + ("halo/nodes", "halo/owners", "halo/in_degree")))
     except (OSError, KeyError) as e:
         raise PartitionFormatError(f"{path}: unreadable partition file ({e})") from None
 

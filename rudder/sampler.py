@@ -9,7 +9,7 @@ neighbour IDs), so a remote node's degree and its chosen neighbours are read one
 Only the chosen neighbour entries are read, not whole neighbour lists, so hubs cost ``fanout``.
 
 Fanouts are given input-side first, as DGL lists them ("10,25": seeds get 25 neighbours,
-those get 10 each). The output is, per layer (input side first), the edges of a bipartite block
+those get 10 each); -1 takes every neighbour (full-neighbour evaluation). The output is, per layer (input side first), the edges of a bipartite block
 as local indices, with the destination nodes first among the source nodes (DGL's block layout).
 """
 from __future__ import annotations
@@ -64,6 +64,8 @@ def sample_positions(degrees: np.ndarray, fanout: int, rng: np.random.Generator)
     ``fanout`` distinct positions drawn uniformly (Floyd's algorithm, vectorised over rows:
     ``fanout`` steps, no sort, whatever the degrees). Returns (row, position) pairs, grouped by row."""
     degrees = np.asarray(degrees, dtype=np.int64)
+    if fanout < 0:  # DGL's -1: every neighbour
+        fanout = int(degrees.max(initial=0))
     counts = np.minimum(degrees, fanout)
     rows = np.repeat(np.arange(degrees.size, dtype=np.int64), counts)
     pos = np.arange(rows.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -109,8 +111,8 @@ def with_new_nodes(dst_nodes: np.ndarray, neighbours: np.ndarray):
 
 class NeighborSampler:
     def __init__(self, adjacency: Adjacency, fanouts: list[int], seed: int):
-        if not fanouts or min(fanouts) < 1:
-            raise ValueError(f"fanouts {fanouts} must be positive integers")
+        if not fanouts or any(f < 1 and f != -1 for f in fanouts):
+            raise ValueError(f"fanouts {fanouts} must be positive integers, or -1 for all neighbours")
         self.adjacency, self.fanouts = adjacency, list(fanouts)
         self.rng = np.random.default_rng(seed)
 

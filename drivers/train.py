@@ -1,0 +1,122 @@
+"""Distributed GraphSAGE training on a partitioned graph, one MPI rank per trainer.
+
+    srun -n N python drivers/train.py --data PARTS --run-dir RUN [options]     (cluster)
+    mpiexec -n N python drivers/train.py --data PARTS --run-dir RUN [options]  (locally)
+
+PARTS comes from ``python -m partitioning``; with ``--partition-mode trainer`` (default) it holds
+one partition per rank, with ``node`` one per node. Each rank writes RUN/rank-NNNNN.h5; rank 0
+shows progress and prints a summary. ``--help`` lists every option; ``--config FILE`` takes them
+from a TOML or JSON file. Exit status: 0 done, 2 bad input, 130/143 stopped by SIGINT/SIGTERM.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from rudder.config import ConfigError, parse_config  # noqa: E402
+from rudder.layout import LayoutError, build_layout, exposer_table  # noqa: E402
+from rudder.partition_store import PartitionFormatError, PartitionMeta, sha256_file  # noqa: E402
+from rudder.runtime import StopRequest, abort_job, agree_on_error  # noqa: E402
+
+
+def checked(world, step):
+    """Run ``step()`` on every rank and agree on its error: (value, error message or None)."""
+    value, error = None, None
+    try:
+        value = step()
+    except (ConfigError, PartitionFormatError, LayoutError) as e:
+        error = str(e)
+    return value, agree_on_error(world, error)
+
+
+def prepare_run_dir(cfg) -> None:
+    existing = sorted(glob.glob(os.path.join(cfg.run_dir, "rank-*.h5")))
+    if existing and not cfg.overwrite:
+        raise ConfigError(f"--run-dir {cfg.run_dir}: already holds the logs of a run ({os.path.basename(existing[0])}, ...); "
+                          f"choose another directory or pass --overwrite")
+    try:
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        for path in existing:
+            os.remove(path)
+    except OSError as e:
+        raise ConfigError(f"--run-dir {cfg.run_dir}: cannot create ({e.strerror})") from None
+
+
+def verify_own_partition(cfg, layout, meta) -> None:
+    """Each partition's exposing rank checks its file against the metadata checksum."""
+    exposer = exposer_table(layout, meta.num_parts)
+    if cfg.verify_data and exposer[layout.partition_id] == layout.trainer_rank:
+        info = meta.parts[layout.partition_id]
+        path = os.path.join(cfg.data, info.file)
+        if not os.path.isfile(path):
+            raise PartitionFormatError(f"--data {path}: partition file missing")
+        if sha256_file(path) != info.sha256:
+            raise PartitionFormatError(f"--data {path}: checksum differs from metadata.json (file changed or corrupt; "
+                                       f"re-run python -m partitioning, or --no-verify-data to skip the check)")
+
+
+def share_cores(layout) -> None:
+    """Oversubscribed ranks must not each start one thread per core."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(layout.threads_per_rank)
+    import torch
+
+    torch.set_num_threads(layout.threads_per_rank)
+
+
+def main(argv=None) -> int:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    quiet = contextlib.redirect_stdout(io.StringIO()) if world.rank else contextlib.nullcontext()
+    try:
+        with quiet:  # --help once, not once per rank
+            cfg, error = checked(world, lambda: parse_config(argv))
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    if not error:
+        meta, error = checked(world, lambda: PartitionMeta.load(cfg.data))
+        if error:
+            error = f"--data {error}"
+    if not error:
+        layout, error = checked(world, lambda: build_layout(meta.num_parts, partition_mode=cfg.partition_mode))
+    if not error:
+        error = world.bcast(checked(MPI.COMM_SELF, lambda: prepare_run_dir(cfg))[1] if world.rank == 0 else None)
+    if not error:
+        _, error = checked(world, lambda: verify_own_partition(cfg, layout, meta))
+    if error:
+        if world.rank == 0:
+            print(f"train.py: error: {error}", file=sys.stderr, flush=True)
+        return 2
+
+    share_cores(layout)
+    from rudder.progress import Progress, format_summary
+    from rudder.trainer import Trainer
+
+    trainer = None
+    stop = StopRequest(lambda why: abort_job(None, why, log=trainer.log if trainer else None, code=130)).install()
+    try:
+        trainer = Trainer(cfg, layout, meta, stop)
+        progress = Progress(cfg.progress, cfg.epochs, trainer.steps_per_epoch) if world.rank == 0 else None
+        summary = trainer.run(progress)
+        if progress is not None:
+            progress.close()
+        trainer.log.close("interrupted" if stop() else "completed", f"stopped by {stop.signame}" if stop() else "")
+        trainer.close()
+    except Exception as e:
+        abort_job(e, log=trainer.log if trainer is not None else None)
+    if summary is not None:
+        print(format_summary(summary), flush=True)
+    if stop():
+        return 130 if stop.signame == "SIGINT" else 143
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

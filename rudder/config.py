@@ -1,0 +1,162 @@
+"""One typed configuration object per training run, parsed once and written into every rank's log.
+
+Precedence: the dataclass defaults, then ``--config FILE`` (TOML or JSON, keys = field names),
+then command-line flags. Every rank parses the same argv and file, so every rank holds the same
+object; a bad value is a one-line ``ConfigError`` naming the flag or file and what was expected.
+
+Defaults follow the paper's setup (section 4.3 of the spec): 2-layer GraphSAGE with the mean
+aggregator, hidden 16, fanouts 10,25 (DGL order: input side first), Adam lr 0.003, dropout 0.5,
+100 epochs, evaluation every 5. The paper's batch of 2000 seeds per trainer is an upper bound:
+by default (``--batch-size 0``) a trainer with few training nodes uses ceil(n/4) (at least 16),
+so small graphs still take several optimiser steps per epoch; the resolved size is logged.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+
+PAPER_BATCH_SIZE = 2000
+
+
+class ConfigError(Exception):
+    """A bad flag or config file (one line: which flag/file, what was expected)."""
+
+
+@dataclass
+class TrainConfig:
+    data: str = ""  # partition directory made by `python -m partitioning`
+    run_dir: str = ""  # where the per-rank logs go
+    epochs: int = 100
+    batch_size: int = 0  # seeds per trainer per minibatch; 0 = min(2000, max(16, ceil(train seeds / 4)))
+    fanouts: list[int] = field(default_factory=lambda: [10, 25])  # input side first; -1 = all neighbours
+    hidden: int = 16
+    lr: float = 0.003
+    dropout: float = 0.5
+    seed: int = 0
+    device: str = "cpu"  # cpu | cuda
+    eval_every: int = 5  # epochs; 0 = only after the last epoch
+    eval_batch_size: int = 100_000
+    eval_fanouts: list[int] = field(default_factory=lambda: [-1, -1])  # full-neighbour inference
+    partition_mode: str = "trainer"  # trainer: a partition per trainer; node: per node, shared
+    trace: bool = False  # log each minibatch's remote input IDs (for offline replay)
+    log_flush_seconds: float = 2.0
+    progress: str = "bar"  # bar | lines | none
+    verify_data: bool = True  # check each partition file's checksum before training
+    overwrite: bool = False  # replace the logs of an earlier run in run_dir
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    def check(self) -> "TrainConfig":
+        def need(ok, flag, what):
+            if not ok:
+                raise ConfigError(f"--{flag.replace('_', '-')} {getattr(self, flag)!r}: expected {what}")
+
+        need(bool(self.data), "data", "a partition directory (made by python -m partitioning)")
+        need(bool(self.run_dir), "run_dir", "a directory for the run's logs")
+        need(self.epochs >= 1, "epochs", "a positive integer")
+        need(self.batch_size >= 0, "batch_size", "a positive integer (or 0 for the default)")
+        for flag in ("fanouts", "eval_fanouts"):
+            fan = getattr(self, flag)
+            need(bool(fan) and all(isinstance(f, int) and (f >= 1 or f == -1) for f in fan), flag,
+                 "comma-separated positive integers (or -1 for all neighbours), input side first")
+        need(len(self.eval_fanouts) == len(self.fanouts), "eval_fanouts", f"{len(self.fanouts)} values, one per layer")
+        need(self.hidden >= 1, "hidden", "a positive integer")
+        need(self.lr > 0, "lr", "a positive number")
+        need(0 <= self.dropout < 1, "dropout", "a number in [0, 1)")
+        need(self.device in ("cpu", "cuda"), "device", "cpu or cuda")
+        need(self.eval_every >= 0, "eval_every", "a non-negative integer")
+        need(self.eval_batch_size >= 1, "eval_batch_size", "a positive integer")
+        need(self.partition_mode in ("trainer", "node"), "partition_mode", "trainer or node")
+        need(self.log_flush_seconds > 0, "log_flush_seconds", "a positive number of seconds")
+        need(self.progress in ("bar", "lines", "none"), "progress", "bar, lines or none")
+        return self
+
+    def resolved_batch_size(self, max_train_per_trainer: int) -> int:
+        if self.batch_size:
+            return self.batch_size
+        return min(PAPER_BATCH_SIZE, max(16, -(-max_train_per_trainer // 4)))
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated integers, e.g. 10,25") from None
+
+
+def _read_file(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read ({e.strerror})") from None
+    try:
+        values = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--config {path}: not valid {'JSON' if path.endswith('.json') else 'TOML'} ({e})") from None
+    known = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"--config {path}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+        if key.endswith("fanouts") and isinstance(value, str):
+            values[key] = _int_list(value)
+        default = TrainConfig.__dataclass_fields__[key]
+        expected = type(default.default_factory() if default.default_factory is not dataclasses.MISSING else default.default)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            values[key] = float(value)
+        elif not isinstance(values[key], expected) or (expected is int and isinstance(value, bool)):
+            raise ConfigError(f"--config {path}: {key} = {value!r}, expected a {expected.__name__}")
+    return values
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, raised like every other config error
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def parser() -> argparse.ArgumentParser:
+    d = TrainConfig()
+    ap = _Parser(
+        prog="drivers/train.py", description="Distributed GraphSAGE training over MPI ranks "
+        "(srun -n N python drivers/train.py ... on a cluster, mpiexec -n N ... locally).")
+    ap.add_argument("--config", help="TOML or JSON file of settings (field names as below, with underscores); "
+                    "flags given on the command line override it")
+    ap.add_argument("--data", help="partition directory made by python -m partitioning")
+    ap.add_argument("--run-dir", help="directory for the per-rank HDF5 logs (created)")
+    ap.add_argument("--epochs", type=int, help=f"training epochs (default {d.epochs})")
+    ap.add_argument("--batch-size", type=int, help="seeds per trainer per minibatch (default: min(2000, "
+                    "max(16, ceil(training seeds per trainer / 4))))")
+    ap.add_argument("--fanouts", type=_int_list, help="neighbours sampled per layer, input side first (default 10,25)")
+    ap.add_argument("--hidden", type=int, help=f"hidden width (default {d.hidden})")
+    ap.add_argument("--lr", type=float, help=f"Adam learning rate (default {d.lr})")
+    ap.add_argument("--dropout", type=float, help=f"dropout (default {d.dropout})")
+    ap.add_argument("--seed", type=int, help="seed of the model, sampling and shuffling (default 0)")
+    ap.add_argument("--device", help="cpu or cuda (default cpu)")
+    ap.add_argument("--eval-every", type=int, help=f"evaluate every K epochs; 0 = only at the end (default {d.eval_every})")
+    ap.add_argument("--eval-batch-size", type=int, help=f"seeds per evaluation minibatch (default {d.eval_batch_size})")
+    ap.add_argument("--eval-fanouts", type=_int_list, help="evaluation fanouts (default -1,-1: all neighbours)")
+    ap.add_argument("--partition-mode", help="trainer: one partition per trainer rank (default); node: one per node, "
+                    "its trainers share it and split its training nodes")
+    ap.add_argument("--trace", action="store_const", const=True, help="log every minibatch's remote input IDs (compressed)")
+    ap.add_argument("--log-flush-seconds", type=float, help=f"flush the logs at least this often (default {d.log_flush_seconds})")
+    ap.add_argument("--progress", help="rank 0's progress display: bar, lines or none (default bar)")
+    ap.add_argument("--no-verify-data", dest="verify_data", action="store_const", const=False,
+                    help="skip the checksum of each partition file at start-up")
+    ap.add_argument("--overwrite", action="store_const", const=True,
+                    help="replace the logs of an earlier run in --run-dir (refused otherwise)")
+    return ap
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Defaults < --config FILE < flags; raises ConfigError (``--help`` prints and exits)."""
+    args = vars(parser().parse_args(argv))
+    values = _read_file(args.pop("config")) if args.get("config") else {}
+    values.update({k: v for k, v in args.items() if v is not None and k != "config"})
+    cfg = TrainConfig(**values)
+    cfg.data, cfg.run_dir = (os.path.abspath(p) if p else p for p in (cfg.data, cfg.run_dir))
+    return cfg.check()

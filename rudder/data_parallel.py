@@ -1,0 +1,82 @@
+"""Data-parallel training over MPI: every trainer holds a full replica of the model; each step
+sums the trainers' gradients with one Allreduce of a flat float32 buffer.
+
+Each trainer back-propagates the *sum* of its seeds' losses and the buffer carries the seed
+count along, so the averaged gradient is the mean over all seeds of the global minibatch, even
+when trainers hold minibatches of different sizes (or none). Two more scalars ride in the same
+message: the loss sum (for the log) and a stop flag, so that a SIGINT/SIGTERM seen by any rank
+stops every rank after the same step without an extra collective.
+
+Replicas start identical (parameters broadcast from trainer 0) and stay identical because every
+rank applies the same reduced gradient with the same optimiser; ``parameter_digest`` lets the
+trainer check that every epoch.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class StepTotals:
+    seeds: int  # seeds in the global minibatch (all trainers)
+    loss_sum: float  # summed loss over those seeds
+    stop: bool  # some rank asked to stop
+
+
+class GradientAllreduce:
+    EXTRAS = 3  # seeds, loss sum, stop flag
+
+    def __init__(self, comm, module: torch.nn.Module):
+        self.comm = comm
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for p in self.params)
+        self.flat = torch.zeros(self.numel + self.EXTRAS, dtype=torch.float32)
+        self.flat_np = self.flat.numpy()  # the same memory, for MPI
+
+    def allreduce(self, num_seeds: int, loss_sum: float, stop: bool) -> StepTotals:
+        """Sum gradients (of summed losses) over the trainers, then set each ``.grad`` to the
+        mean over all seeds. Collective: every trainer calls it once per step."""
+        from mpi4py import MPI
+
+        grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=p.device)
+                 for p in self.params]
+        if num_seeds:
+            self.flat[:self.numel].copy_(torch.cat(grads))
+        else:  # an empty minibatch contributes nothing
+            self.flat[:self.numel].zero_()
+        self.flat[self.numel:] = torch.tensor([num_seeds, loss_sum, 1.0 if stop else 0.0])
+        self.comm.Allreduce(MPI.IN_PLACE, self.flat_np, op=MPI.SUM)
+        seeds, loss, stops = (float(x) for x in self.flat_np[self.numel:])
+        if seeds > 0:
+            self.flat[:self.numel].div_(seeds)
+            offset = 0
+            for p in self.params:
+                n = p.numel()
+                chunk = self.flat[offset:offset + n].view_as(p)
+                if p.grad is None:
+                    p.grad = chunk.to(p.device).clone()
+                else:
+                    p.grad.copy_(chunk)
+                offset += n
+        return StepTotals(int(round(seeds)), loss, stops > 0)
+
+
+def broadcast_parameters(comm, module: torch.nn.Module, root: int = 0) -> None:
+    """Make every replica equal to the root's (collective)."""
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        host = tensor.detach().cpu().contiguous()
+        array = host.numpy()
+        comm.Bcast(array, root=root)
+        tensor.data.copy_(torch.from_numpy(array))
+
+
+def parameter_digest(module: torch.nn.Module) -> int:
+    """A 63-bit digest of every parameter's bytes: equal on all ranks iff replicas are identical."""
+    h = hashlib.blake2b(digest_size=8)
+    for tensor in module.parameters():
+        h.update(np.ascontiguousarray(tensor.detach().cpu().numpy()).tobytes())
+    return int.from_bytes(h.digest(), "little") >> 1

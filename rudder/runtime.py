@@ -1,0 +1,75 @@
+"""How a job ends: the same error on every rank, a failing rank taking the job down, and
+signals that stop training cleanly.
+
+* Errors every rank can see (bad flags, bad --data, a layout mismatch) are agreed on with one
+  allgather, so every rank exits with the same one-line message printed once, by rank 0.
+* Any other exception on any rank prints that rank's error and calls ``COMM_WORLD.Abort``, which
+  ends every rank of the job within a second under mpiexec and srun (instead of the others
+  waiting forever in the next collective).
+* SIGINT/SIGTERM (Ctrl-C under mpiexec, scancel or the time limit under Slurm) ask for a stop:
+  the request rides in the next gradient Allreduce, so all ranks stop after the same step and
+  close their logs. A second signal, or no clean stop within ``grace`` seconds, aborts at once.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+
+def agree_on_error(comm, error: str | None) -> str | None:
+    """Collective: the first error any rank saw (prefixed with its rank when not all saw it)."""
+    errors = comm.allgather(error)
+    bad = [(rank, e) for rank, e in enumerate(errors) if e]
+    if not bad:
+        return None
+    rank, message = bad[0]
+    return message if len(bad) == len(errors) else f"rank {rank}: {message}"
+
+
+def abort_job(exc: BaseException | None, message: str = "", log=None, code: int = 1):
+    """Print this rank's error, mark its log failed, and abort every rank of the job."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    where = f"rank {world.rank} ({socket.gethostname()}, pid {os.getpid()})"
+    if exc is not None:
+        text = "".join(traceback.format_exception(exc))
+        message = message or f"{type(exc).__name__}: {exc}"
+        sys.stderr.write(f"{text}")
+    sys.stderr.write(f"train.py: error on {where}: {message}; aborting the job\n")
+    sys.stderr.flush()
+    if log is not None:
+        try:
+            log.close("failed", f"{where}: {message}")
+        except Exception as e:  # the log must not stop the abort
+            sys.stderr.write(f"train.py: {where}: could not finalise log {log.path}: {e}\n")
+    world.Abort(code)
+
+
+class StopRequest:
+    """Call it to learn whether a stop was requested; ``signame`` says which signal."""
+
+    def __init__(self, on_force, grace: float = 15.0):
+        self.signame: str | None = None
+        self.on_force, self.grace = on_force, grace
+
+    def install(self) -> "StopRequest":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+        return self
+
+    def __call__(self) -> bool:
+        return self.signame is not None
+
+    def _handle(self, signum, frame):
+        if self.signame is not None:  # asked twice: stop now
+            self.on_force(f"second signal {signal.Signals(signum).name}")
+            return
+        self.signame = signal.Signals(signum).name
+        timer = threading.Timer(self.grace, self.on_force, args=(f"no clean stop {self.grace:.0f} s after {self.signame}",))
+        timer.daemon = True
+        timer.start()

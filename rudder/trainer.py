@@ -1,0 +1,249 @@
+"""Data-parallel GraphSAGE training over partitioned data: the DistDGL-without-prefetch baseline.
+
+Every trainer rank, each step: sample its minibatch's L-hop blocks (remote adjacency read
+one-sidedly), gather the input features (own and same-node rows by shared memory, the rest by one
+indexed RMA Get per owner), run forward and backward, and join the gradient Allreduce. Steps per
+epoch are equal on all trainers (each splits its seeds into the largest trainer's number of
+minibatches), so no rank waits in a collective another will never enter. Evaluation (layer-wise,
+full neighbours) runs after the epoch's timer stops.
+
+Everything a run measures goes into the rank's HDF5 log (``rudder.run_log``): one row per
+minibatch, one per epoch, and with ``trace`` the remote input IDs of every minibatch.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rudder.config import TrainConfig
+from rudder.data_parallel import GradientAllreduce, broadcast_parameters, parameter_digest
+from rudder.dgl_bridge import to_blocks
+from rudder.evaluation import evaluate, my_share
+from rudder.feature_store import FeatureStore
+from rudder.layout import exposer_table
+from rudder.model import GraphSAGE
+from rudder.partition_store import read_partition
+from rudder.run_log import RunLog, log_path
+from rudder.sampler import Adjacency, NeighborSampler
+
+MINIBATCH_ROW = np.dtype([
+    ("epoch", "i4"), ("step", "i4"), ("seeds", "i4"), ("input_nodes", "i8"),
+    ("input_remote", "i8"),  # input nodes owned by another partition (DistDGL's "remote rows")
+    ("input_halo", "i8"),  # ... of which in this partition's 1-hop halo (what a buffer may cache)
+    ("rows_local", "i8"), ("rows_shared", "i8"), ("rows_rma", "i8"),  # feature rows by path
+    ("bytes_rma", "i8"), ("owners_rma", "i4"),  # feature bytes fetched by RMA, owners read
+    ("adjacency_rows_rma", "i8"), ("adjacency_bytes_rma", "i8"),  # sampling's remote CSR reads
+    ("t_sample", "f8"), ("t_fetch", "f8"), ("t_rma", "f8"), ("t_wait", "f8"),
+    ("t_forward_backward", "f8"), ("t_allreduce", "f8"), ("t_update", "f8"),
+    ("loss", "f4"),  # this trainer's mean loss (NaN for an empty minibatch)
+    ("global_loss", "f4"),  # mean loss over all trainers' seeds
+])
+EPOCH_ROW = np.dtype([
+    ("epoch", "i4"), ("steps", "i4"), ("complete", "i1"), ("seconds", "f8"),
+    ("t_sample", "f8"), ("t_fetch", "f8"), ("t_rma", "f8"), ("t_wait", "f8"),
+    ("t_forward_backward", "f8"), ("t_allreduce", "f8"), ("t_update", "f8"),
+    ("input_nodes", "i8"), ("input_remote", "i8"), ("bytes_rma", "i8"),
+    ("loss", "f4"), ("val_acc", "f4"), ("test_acc", "f4"), ("eval_seconds", "f8"), ("param_digest", "i8"),
+])
+TIMERS = ("t_sample", "t_fetch", "t_rma", "t_wait", "t_forward_backward", "t_allreduce", "t_update")
+
+
+def library_versions() -> dict:
+    import h5py
+    import mpi4py
+    from mpi4py import MPI
+
+    import rudder
+    from rudder.dgl_bridge import load_dgl
+
+    return {"rudder": rudder.__version__, "python": platform.python_version(), "numpy": np.__version__,
+            "torch": torch.__version__, "dgl": load_dgl().__version__, "mpi4py": mpi4py.__version__,
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "h5py": h5py.__version__,
+            "hdf5": h5py.version.hdf5_version}
+
+
+@dataclass
+class EpochResult:
+    row: np.void
+    stopped: bool
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, layout, meta, stop_requested):
+        """Collective over the trainers: reads this rank's partition, opens the RMA windows,
+        builds and broadcasts the model, creates the rank's log."""
+        self.cfg, self.layout, self.meta, self.stop_requested = cfg, layout, meta, stop_requested
+        self.device = torch.device(cfg.device)
+        if cfg.device == "cuda":
+            torch.cuda.set_device(layout.node_trainers.rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        exposer = exposer_table(layout, meta.num_parts)
+        self.exposer = exposer
+        exposes = exposer[layout.partition_id] == layout.trainer_rank
+        self.partition = part = read_partition(cfg.data, layout.partition_id, meta, structure=bool(exposes))
+        self.features = FeatureStore(layout, meta, cfg.data, exposer)
+        self.adjacency = Adjacency(layout, meta, part, exposer)
+        self.sampler = NeighborSampler(self.adjacency, cfg.fanouts, seed=[cfg.seed, layout.trainer_rank])
+
+        start = part.node_start
+        self.train_nodes = start + np.flatnonzero(part.train_mask)  # the partition's; split per epoch
+        self.eval_sets = {name: my_share(start + np.flatnonzero(mask), layout)
+                          for name, mask in (("val", part.val_mask), ("test", part.test_mask))}
+        # Equal steps on every trainer: the busiest trainer's seed count sets the count.
+        from mpi4py import MPI
+
+        my_train = my_share(self.train_nodes, layout).size
+        most = layout.trainers.allreduce(my_train, op=MPI.MAX)
+        self.batch_size = cfg.resolved_batch_size(most)
+        self.steps_per_epoch = max(1, -(-most // self.batch_size))
+        self.shuffle_rng = np.random.default_rng([cfg.seed, 1, layout.partition_id])  # same on a node's trainers
+
+        torch.manual_seed(cfg.seed)
+        self.model = GraphSAGE(meta.feat_dim, cfg.hidden, meta.num_classes, len(cfg.fanouts), cfg.dropout).to(self.device)
+        broadcast_parameters(layout.trainers, self.model)
+        torch.manual_seed(cfg.seed * 1_000_003 + layout.trainer_rank + 1)  # dropout differs per rank, as in DDP
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.allreduce = GradientAllreduce(layout.trainers, self.model)
+        self.halo = np.sort(part.halo_nodes)
+        self.epochs_done, self.last_eval = 0, {}
+
+        run = {"batch_size": self.batch_size, "steps_per_epoch": self.steps_per_epoch, "train_seeds": int(my_train),
+               "device": str(self.device), "partition_exposed_here": bool(exposes)}
+        data = {"dir": cfg.data, "dataset": meta.dataset, "source": meta.source, "num_parts": meta.num_parts,
+                "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "feat_dim": meta.feat_dim,
+                "created": meta.created, "edge_hash": meta.edge_hash}
+        self.log = RunLog(log_path(cfg.run_dir, layout.world.rank),
+                          {"config": cfg.to_json(), "versions": json.dumps(library_versions()),
+                           "layout": json.dumps(layout.describe()), "run": json.dumps(run), "data": json.dumps(data)},
+                          {"minibatches": MINIBATCH_ROW, "epochs": EPOCH_ROW},
+                          {"trace_remote_inputs": np.int64} if cfg.trace else None, flush_seconds=cfg.log_flush_seconds)
+
+    # -- one step ------------------------------------------------------------------------------
+    def step(self, epoch: int, step: int, seeds: np.ndarray) -> tuple[np.void, bool]:
+        t0 = time.perf_counter()
+        mb = self.sampler.sample(seeds)
+        t1 = time.perf_counter()
+        x, fetch = self.features.gather(mb.input_nodes)
+        t2 = time.perf_counter()
+        owner = self.meta.owner_of(mb.input_nodes)
+        remote = mb.input_nodes[owner != self.layout.partition_id]
+        halo = int(np.isin(remote, self.halo, assume_unique=True).sum()) if self.halo.size else 0
+        if self.cfg.trace:
+            self.log.append_ragged("trace_remote_inputs", remote)
+
+        loss_sum = 0.0
+        if seeds.size:
+            blocks = to_blocks(mb.layers, self.device)
+            labels = torch.from_numpy(self.partition.labels[seeds - self.partition.node_start]).to(self.device)
+            logits = self.model(blocks, torch.from_numpy(x).to(self.device))
+            loss = F.cross_entropy(logits, labels, reduction="sum")
+            self.optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            loss_sum = float(loss.detach())
+        t3 = time.perf_counter()
+        totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop_requested())
+        t4 = time.perf_counter()
+        if totals.seeds:
+            self.optimizer.step()
+        t5 = time.perf_counter()
+        row = (epoch, step, seeds.size, mb.input_nodes.size, remote.size, halo,
+               fetch.rows_local, fetch.rows_shared, fetch.rows_remote, fetch.bytes_remote, fetch.owners_touched,
+               mb.stats.rows_remote, mb.stats.bytes_remote,
+               t1 - t0, t2 - t1, fetch.seconds_remote + mb.stats.seconds_remote, t2 - t0, t3 - t2, t4 - t3, t5 - t4,
+               loss_sum / seeds.size if seeds.size else np.nan,
+               totals.loss_sum / totals.seeds if totals.seeds else np.nan)
+        self.log.append("minibatches", row)
+        self.log.maybe_flush()
+        return np.array(row, dtype=MINIBATCH_ROW)[()], totals.stop
+
+    # -- one epoch -----------------------------------------------------------------------------
+    def epoch(self, epoch: int, progress) -> EpochResult:
+        order = self.shuffle_rng.permutation(self.train_nodes)
+        chunks = np.array_split(my_share(order, self.layout), self.steps_per_epoch)
+        rows, stopped = [], False
+        start = time.perf_counter()
+        for step, seeds in enumerate(chunks):
+            row, stopped = self.step(epoch, step, seeds)
+            rows.append(row)
+            if progress is not None:
+                progress.step(float(row["global_loss"]))
+            if stopped:
+                break
+        seconds = time.perf_counter() - start
+        table = np.array(rows, dtype=MINIBATCH_ROW)
+        result = {"epoch": epoch, "steps": len(rows), "complete": not stopped, "seconds": seconds,
+                  **{t: float(table[t].sum()) for t in TIMERS},
+                  "input_nodes": int(table["input_nodes"].sum()), "input_remote": int(table["input_remote"].sum()),
+                  "bytes_rma": int(table["bytes_rma"].sum()), "loss": float(np.nanmean(table["global_loss"])),
+                  "val_acc": np.nan, "test_acc": np.nan, "eval_seconds": 0.0}
+        last = epoch == self.cfg.epochs - 1
+        every = self.cfg.eval_every
+        if not stopped and (last or (every and (epoch + 1) % every == 0)):
+            t = time.perf_counter()
+            self.last_eval = evaluate(self.model, self.layout, self.meta, self.partition, self.features,
+                                      self.adjacency, self.exposer, self.eval_sets, self.cfg.eval_batch_size, self.device)
+            result.update(val_acc=self.last_eval["val"], test_acc=self.last_eval["test"],
+                          eval_seconds=time.perf_counter() - t)
+        digests = self.layout.trainers.allgather(parameter_digest(self.model))
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"model replicas diverged after epoch {epoch}: parameter digests {digests}")
+        result["param_digest"] = digests[0]
+        row = np.array(tuple(result[name] for name in EPOCH_ROW.names), dtype=EPOCH_ROW)[()]
+        self.log.append("epochs", tuple(row.tolist()))
+        self.log.flush()
+        return EpochResult(row, stopped)
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self, progress=None) -> dict | None:
+        """Train ``cfg.epochs`` epochs (or until a stop request); returns rank 0's summary of
+        all trainers (None elsewhere)."""
+        per_epoch = []  # rank 0: every trainer's epoch rows
+        stopped = False
+        for epoch in range(self.cfg.epochs):
+            result = self.epoch(epoch, progress)
+            rows = self.layout.trainers.gather(result.row, root=0)
+            self.epochs_done += result.row["complete"]
+            if rows is not None:
+                per_epoch.append(np.array(rows, dtype=EPOCH_ROW))
+                if progress is not None:
+                    progress.epoch(per_epoch[-1])
+            if result.stopped:
+                stopped = True
+                break
+        return summarize(per_epoch, self, stopped) if self.layout.trainers.rank == 0 else None
+
+    def close(self) -> None:
+        """Collective over the trainers: frees the RMA windows."""
+        self.adjacency.close()
+        self.features.close()
+
+
+def summarize(per_epoch: list[np.ndarray], trainer: Trainer, stopped: bool) -> dict:
+    """Run summary from every trainer's epoch rows (one [trainers] array per epoch). Epoch time
+    is the slowest trainer's; the first epoch (warm-up) is left out of the means when there are
+    more; remote rows and bytes are summed over trainers."""
+    complete = [e for e in per_epoch if e["complete"].all()]
+    timed = complete[1:] if len(complete) > 1 else complete
+    seconds = np.array([e["seconds"].max() for e in timed]) if timed else np.zeros(0)
+
+    def share(field):
+        return float(np.mean([e[field].mean() / e["seconds"].max() for e in timed])) if timed else float("nan")
+
+    return {"epochs": len(complete), "stopped": stopped, "trainers": trainer.layout.num_trainers,
+            "steps_per_epoch": trainer.steps_per_epoch, "batch_size": trainer.batch_size,
+            "train_seconds": float(sum(e["seconds"].max() for e in per_epoch)),
+            "epoch_seconds_mean": float(seconds.mean()) if seconds.size else float("nan"),
+            "epoch_seconds_median": float(np.median(seconds)) if seconds.size else float("nan"),
+            "share_fetch": share("t_fetch"), "share_rma": share("t_rma"), "share_wait": share("t_wait"),
+            "input_remote_per_epoch": float(np.mean([e["input_remote"].sum() for e in timed])) if timed else float("nan"),
+            "input_nodes_per_epoch": float(np.mean([e["input_nodes"].sum() for e in timed])) if timed else float("nan"),
+            "mib_rma_per_epoch": float(np.mean([e["bytes_rma"].sum() for e in timed]) / 2**20) if timed else float("nan"),
+            "final_loss": float(complete[-1]["loss"][0]) if complete else float("nan"),
+            "val_acc": trainer.last_eval.get("val", float("nan")), "test_acc": trainer.last_eval.get("test", float("nan")),
+            "run_dir": trainer.cfg.run_dir}
