@@ -107,15 +107,17 @@ def main(argv=None) -> int:
         summary = trainer.run(progress)
         if progress is not None:
             progress.close()
-        trainer.log.close("interrupted" if stop() else "completed", f"stopped by {stop.signame}" if stop() else "")
+        if trainer.stop_signal:
+            trainer.log.close("interrupted", f"stopped by {stop.signame}" if stop() else "stopped: another rank got a signal")
+        else:
+            trainer.log.close("completed")
         trainer.close()
+        stop.stopped_cleanly()
     except Exception as e:
         abort_job(e, log=trainer.log if trainer is not None else None)
     if summary is not None:
         print(format_summary(summary), flush=True)
-    if stop():
-        return 130 if stop.signame == "SIGINT" else 143
-    return 0
+    return 128 + trainer.stop_signal if trainer.stop_signal else 0
 
 
 if __name__ == "__main__":

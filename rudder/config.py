@@ -38,9 +38,8 @@ class TrainConfig:
     dropout: float = 0.5
     seed: int = 0
     device: str = "cpu"  # cpu | cuda
-    eval_every: int = 5  # epochs; 0 = only after the last epoch
+    eval_every: int = 5  # epochs; 0 = only after the last epoch (always full-neighbour, layer-wise)
     eval_batch_size: int = 100_000
-    eval_fanouts: list[int] = field(default_factory=lambda: [-1, -1])  # full-neighbour inference
     partition_mode: str = "trainer"  # trainer: a partition per trainer; node: per node, shared
     trace: bool = False  # log each minibatch's remote input IDs (for offline replay)
     log_flush_seconds: float = 2.0
@@ -60,11 +59,8 @@ class TrainConfig:
         need(bool(self.run_dir), "run_dir", "a directory for the run's logs")
         need(self.epochs >= 1, "epochs", "a positive integer")
         need(self.batch_size >= 0, "batch_size", "a positive integer (or 0 for the default)")
-        for flag in ("fanouts", "eval_fanouts"):
-            fan = getattr(self, flag)
-            need(bool(fan) and all(isinstance(f, int) and (f >= 1 or f == -1) for f in fan), flag,
-                 "comma-separated positive integers (or -1 for all neighbours), input side first")
-        need(len(self.eval_fanouts) == len(self.fanouts), "eval_fanouts", f"{len(self.fanouts)} values, one per layer")
+        need(bool(self.fanouts) and all(isinstance(f, int) and (f >= 1 or f == -1) for f in self.fanouts), "fanouts",
+             "comma-separated positive integers (or -1 for all neighbours), input side first")
         need(self.hidden >= 1, "hidden", "a positive integer")
         need(self.lr > 0, "lr", "a positive number")
         need(0 <= self.dropout < 1, "dropout", "a number in [0, 1)")
@@ -103,20 +99,21 @@ def _read_file(path: str) -> dict:
     for key, value in values.items():
         if key not in known:
             raise ConfigError(f"--config {path}: unknown key {key!r} (known: {', '.join(sorted(known))})")
-        if key.endswith("fanouts") and isinstance(value, str):
+        if key == "fanouts" and isinstance(value, str):
             values[key] = _int_list(value)
         default = TrainConfig.__dataclass_fields__[key]
         expected = type(default.default_factory() if default.default_factory is not dataclasses.MISSING else default.default)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             values[key] = float(value)
         elif not isinstance(values[key], expected) or (expected is int and isinstance(value, bool)):
-            raise ConfigError(f"--config {path}: {key} = {value!r}, expected a {expected.__name__}")
+            kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list of integers"}
+            raise ConfigError(f"--config {path}: {key} = {value!r}, expected {kind[expected]}")
     return values
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, raised like every other config error
-        raise ConfigError(f"{self.prog}: {message}")
+        raise ConfigError(message)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -139,7 +136,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", help="cpu or cuda (default cpu)")
     ap.add_argument("--eval-every", type=int, help=f"evaluate every K epochs; 0 = only at the end (default {d.eval_every})")
     ap.add_argument("--eval-batch-size", type=int, help=f"seeds per evaluation minibatch (default {d.eval_batch_size})")
-    ap.add_argument("--eval-fanouts", type=_int_list, help="evaluation fanouts (default -1,-1: all neighbours)")
     ap.add_argument("--partition-mode", help="trainer: one partition per trainer rank (default); node: one per node, "
                     "its trainers share it and split its training nodes")
     ap.add_argument("--trace", action="store_const", const=True, help="log every minibatch's remote input IDs (compressed)")

@@ -5,7 +5,8 @@ written at least every ``flush_seconds``: the file is opened, the rows appended,
 closed again. Between flushes the file on disk is always a complete, closed HDF5 file, so a job
 killed with SIGKILL loses at most the last few seconds of rows and never the file. (An HDF5 file
 held open is only consistent after a clean close; SWMR would avoid reopening but marks the file
-"open for write" until ``h5clear``.)
+"open for write" until ``h5clear``.) The writer does not take HDF5's file lock: someone reading a
+live log (``h5py.File(path, "r", locking=False)``) must never make a flush, and so training, fail.
 
 Layout of a log::
 
@@ -44,7 +45,7 @@ class RunLog:
         self.pieces: dict[str, list] = {name: [] for name in self.ragged}
         self.ragged_end = dict.fromkeys(self.ragged, 0)
         self.last_flush = time.monotonic()
-        with h5py.File(path, "w") as f:
+        with h5py.File(path, "w", locking=False) as f:
             f.attrs.update({"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "status": "running", "error": "",
                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "finished": ""})
             f.attrs.update(attrs)
@@ -69,7 +70,7 @@ class RunLog:
         """Append buffered rows (and set ``attrs``), leaving a closed, complete file."""
         import h5py
 
-        with h5py.File(self.path, "a") as f:
+        with h5py.File(self.path, "a", locking=False) as f:
             for name, rows in self.rows.items():
                 if rows:
                     _extend(f[name], np.array(rows, dtype=self.tables[name]))

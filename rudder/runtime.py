@@ -51,11 +51,11 @@ def abort_job(exc: BaseException | None, message: str = "", log=None, code: int 
 
 
 class StopRequest:
-    """Call it to learn whether a stop was requested; ``signame`` says which signal."""
+    """Call it to learn whether a stop was requested; ``signum``/``signame`` say which signal."""
 
     def __init__(self, on_force, grace: float = 15.0):
-        self.signame: str | None = None
-        self.on_force, self.grace = on_force, grace
+        self.signum, self.signame = 0, None
+        self.on_force, self.grace, self.timer = on_force, grace, None
 
     def install(self) -> "StopRequest":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -69,7 +69,12 @@ class StopRequest:
         if self.signame is not None:  # asked twice: stop now
             self.on_force(f"second signal {signal.Signals(signum).name}")
             return
-        self.signame = signal.Signals(signum).name
-        timer = threading.Timer(self.grace, self.on_force, args=(f"no clean stop {self.grace:.0f} s after {self.signame}",))
-        timer.daemon = True
-        timer.start()
+        self.signum, self.signame = signum, signal.Signals(signum).name
+        self.timer = threading.Timer(self.grace, self.on_force, args=(f"no clean stop {self.grace:.0f} s after {self.signame}",))
+        self.timer.daemon = True
+        self.timer.start()
+
+    def stopped_cleanly(self) -> None:
+        """The job stopped in time: no forced abort any more."""
+        if self.timer is not None:
+            self.timer.cancel()

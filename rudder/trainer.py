@@ -75,10 +75,10 @@ class EpochResult:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, layout, meta, stop_requested):
+    def __init__(self, cfg: TrainConfig, layout, meta, stop):
         """Collective over the trainers: reads this rank's partition, opens the RMA windows,
         builds and broadcasts the model, creates the rank's log."""
-        self.cfg, self.layout, self.meta, self.stop_requested = cfg, layout, meta, stop_requested
+        self.cfg, self.layout, self.meta, self.stop = cfg, layout, meta, stop
         self.device = torch.device(cfg.device)
         if cfg.device == "cuda":
             torch.cuda.set_device(layout.node_trainers.rank % torch.cuda.device_count())
@@ -112,6 +112,7 @@ class Trainer:
         self.allreduce = GradientAllreduce(layout.trainers, self.model)
         self.halo = np.sort(part.halo_nodes)
         self.epochs_done, self.last_eval = 0, {}
+        self.stop_signal = 0  # after a stop: the signal that caused it (the same on every rank)
 
         run = {"batch_size": self.batch_size, "steps_per_epoch": self.steps_per_epoch, "train_seeds": int(my_train),
                "device": str(self.device), "partition_exposed_here": bool(exposes)}
@@ -147,7 +148,7 @@ class Trainer:
             loss.backward()
             loss_sum = float(loss.detach())
         t3 = time.perf_counter()
-        totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop_requested())
+        totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop())
         t4 = time.perf_counter()
         if totals.seeds:
             self.optimizer.step()
@@ -196,7 +197,7 @@ class Trainer:
         result["param_digest"] = digests[0]
         row = np.array(tuple(result[name] for name in EPOCH_ROW.names), dtype=EPOCH_ROW)[()]
         self.log.append("epochs", tuple(row.tolist()))
-        self.log.flush()
+        self.log.maybe_flush()
         return EpochResult(row, stopped)
 
     # -- the run -------------------------------------------------------------------------------
@@ -208,13 +209,16 @@ class Trainer:
         for epoch in range(self.cfg.epochs):
             result = self.epoch(epoch, progress)
             rows = self.layout.trainers.gather(result.row, root=0)
-            self.epochs_done += result.row["complete"]
+            self.epochs_done += int(result.row["complete"])
             if rows is not None:
                 per_epoch.append(np.array(rows, dtype=EPOCH_ROW))
                 if progress is not None:
                     progress.epoch(per_epoch[-1])
             if result.stopped:
+                from mpi4py import MPI
+
                 stopped = True
+                self.stop_signal = self.layout.trainers.allreduce(self.stop.signum, op=MPI.MAX)
                 break
         return summarize(per_epoch, self, stopped) if self.layout.trainers.rank == 0 else None
 

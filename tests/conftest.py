@@ -40,6 +40,25 @@ def shared_dataset(kind: str, name: str) -> str:
     return f"{kind}:{path}:{name}"
 
 
+def mpiexec() -> str:
+    """The venv's mpiexec (mpich extra), else the system one; skips the test when there is none."""
+    venv = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    path = venv if os.access(venv, os.X_OK) else shutil.which("mpiexec")
+    if not path:
+        pytest.skip("no mpiexec on this machine (install the mpich extra)")
+    return path
+
+
+def train_command(ranks: int, *args) -> list[str]:
+    """``mpiexec -n RANKS python drivers/train.py ARGS``, as a user launches training."""
+    return [mpiexec(), "-n", str(ranks), sys.executable, os.path.join(REPO, "drivers", "train.py"), *map(str, args)]
+
+
+def run_train(ranks: int, *args, timeout=300, env=None):
+    return subprocess.run(train_command(ranks, *args), capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+
+
 def run_cli(*args, cwd=REPO, timeout=300, env=None):
     """Run ``python -m partitioning ARGS`` as a user would; returns the CompletedProcess."""
     full_env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))

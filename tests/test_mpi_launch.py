@@ -2,21 +2,11 @@
 the job within seconds (python -m mpi4py aborts COMM_WORLD), instead of a hang."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import time
 
-import pytest
-
-
-def mpiexec():
-    venv = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    path = venv if os.access(venv, os.X_OK) else shutil.which("mpiexec")
-    if not path:
-        pytest.skip("no mpiexec on this machine (install the mpich extra)")
-    return path
+from conftest import mpiexec
 
 
 def test_failing_rank_aborts_the_job(tmp_path):

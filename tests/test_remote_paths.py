@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, mpiexec
 from partitioning.partition import partition_graph
 from partitioning.sources import load_spec
-from test_mpi_launch import mpiexec
 
 SCRIPT = os.path.join(REPO, "tests", "mpi_scripts", "check_remote_paths.py")
 SPEC = "synthetic:sbm:nodes=2000,blocks=4,avg_degree=6,feat_dim=12,seed=9"

@@ -1,0 +1,61 @@
+"""The run config: defaults < --config file < flags, and one-line errors naming what is wrong."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rudder.config import ConfigError, TrainConfig, parse_config
+
+
+def test_precedence_and_types(tmp_path):
+    cfg_file = tmp_path / "run.toml"
+    cfg_file.write_text('epochs = 7\nfanouts = "5,6"\nlr = 1\nhidden = 32\ntrace = true\n')
+    cfg = parse_config(["--config", str(cfg_file), "--data", "d", "--run-dir", "r", "--hidden", "64"])
+    assert (cfg.epochs, cfg.fanouts, cfg.lr, cfg.hidden, cfg.trace) == (7, [5, 6], 1.0, 64, True)
+    assert isinstance(cfg.lr, float) and cfg.data.startswith("/")
+    again = TrainConfig(**json.loads(cfg.to_json()))  # the logged JSON rebuilds the same config
+    assert again == cfg
+    js = tmp_path / "run.json"
+    js.write_text(json.dumps({"data": "d", "run_dir": "r", "fanouts": [3, 4, 5], "eval_every": 0}))
+    assert parse_config(["--config", str(js)]).fanouts == [3, 4, 5]
+
+
+def test_paper_defaults_and_batch_rule():
+    cfg = parse_config(["--data", "d", "--run-dir", "r"])
+    assert (cfg.fanouts, cfg.hidden, cfg.lr, cfg.dropout, cfg.epochs, cfg.eval_every) == ([10, 25], 16, 0.003, 0.5, 100, 5)
+    assert cfg.resolved_batch_size(100_000) == 2000  # the paper's batch on big partitions
+    assert cfg.resolved_batch_size(140) == 35 and cfg.resolved_batch_size(20) == 16  # >= 4 steps on small ones
+    cfg.batch_size = 64
+    assert cfg.resolved_batch_size(140) == 64
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--run-dir", "r"], "--data"),
+    (["--data", "d", "--run-dir", "r", "--epochs", "0"], "--epochs 0"),
+    (["--data", "d", "--run-dir", "r", "--fanouts", "10,0"], "--fanouts"),
+    (["--data", "d", "--run-dir", "r", "--fanouts", "a"], "--fanouts"),
+    (["--data", "d", "--run-dir", "r", "--dropout", "1.5"], "--dropout"),
+    (["--data", "d", "--run-dir", "r", "--device", "tpu"], "--device"),
+    (["--data", "d", "--run-dir", "r", "--partition-mode", "x"], "--partition-mode"),
+    (["--data", "d", "--run-dir", "r", "--bogus"], "--bogus"),
+])
+def test_bad_flags(argv, needle):
+    with pytest.raises(ConfigError) as e:
+        parse_config(argv)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("epochs = 'x'", "expected an integer"),
+    ("speed = 3", "unknown key 'speed'"),
+    ("epochs = [", "not valid TOML"),
+])
+def test_bad_config_file(tmp_path, text, needle):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        parse_config(["--config", str(path), "--data", "d", "--run-dir", "r"])
+    assert needle in str(e.value) and str(path) in str(e.value)
+    with pytest.raises(ConfigError, match="cannot read"):
+        parse_config(["--config", str(tmp_path / "none.toml")])
