@@ -61,6 +61,14 @@ def verify_own_partition(cfg, layout, meta) -> None:
                                        f"re-run python -m partitioning, or --no-verify-data to skip the check)")
 
 
+def check_device(cfg) -> None:
+    import torch
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: this rank sees no CUDA device (torch.cuda.is_available() is False; "
+                          "a CPU build of torch, or no GPU allocated to the job)")
+
+
 def share_cores(layout) -> None:
     """Oversubscribed ranks must not each start one thread per core."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -70,32 +78,47 @@ def share_cores(layout) -> None:
     torch.set_num_threads(layout.threads_per_rank)
 
 
+def start_up(world, argv):
+    """Every check that can fail on bad input, in order, agreed on by all ranks before any work:
+    returns (cfg, meta, layout, None) or (..., the one-line error)."""
+    from mpi4py import MPI
+
+    state = {}
+    quiet = contextlib.redirect_stdout(io.StringIO()) if world.rank else contextlib.nullcontext()
+    with quiet:  # --help once, not once per rank (it raises SystemExit)
+        state["cfg"], error = checked(world, lambda: parse_config(argv))
+    steps = [
+        ("meta", lambda: PartitionMeta.load(state["cfg"].data), "--data "),
+        ("layout", lambda: build_layout(state["meta"].num_parts, partition_mode=state["cfg"].partition_mode), ""),
+        (None, lambda: share_cores(state["layout"]), ""),
+        (None, lambda: check_device(state["cfg"]), ""),
+        (None, lambda: verify_own_partition(state["cfg"], state["layout"], state["meta"]), ""),
+    ]
+    for name, step, prefix in steps:
+        if error:
+            break
+        value, error = checked(world, step)
+        error = error and prefix + error
+        if name:
+            state[name] = value
+    if not error:  # rank 0 alone touches the run directory (a shared file system)
+        error = world.bcast(checked(MPI.COMM_SELF, lambda: prepare_run_dir(state["cfg"]))[1] if world.rank == 0 else None)
+    return state.get("cfg"), state.get("meta"), state.get("layout"), error
+
+
 def main(argv=None) -> int:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    quiet = contextlib.redirect_stdout(io.StringIO()) if world.rank else contextlib.nullcontext()
     try:
-        with quiet:  # --help once, not once per rank
-            cfg, error = checked(world, lambda: parse_config(argv))
+        cfg, meta, layout, error = start_up(world, argv)
     except SystemExit as e:  # --help
         return int(e.code or 0)
-    if not error:
-        meta, error = checked(world, lambda: PartitionMeta.load(cfg.data))
-        if error:
-            error = f"--data {error}"
-    if not error:
-        layout, error = checked(world, lambda: build_layout(meta.num_parts, partition_mode=cfg.partition_mode))
-    if not error:
-        error = world.bcast(checked(MPI.COMM_SELF, lambda: prepare_run_dir(cfg))[1] if world.rank == 0 else None)
-    if not error:
-        _, error = checked(world, lambda: verify_own_partition(cfg, layout, meta))
     if error:
         if world.rank == 0:
             print(f"train.py: error: {error}", file=sys.stderr, flush=True)
         return 2
 
-    share_cores(layout)
     from rudder.progress import Progress, format_summary
     from rudder.trainer import Trainer
 

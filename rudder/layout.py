@@ -113,9 +113,13 @@ def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode
     partition_id = None
     if not is_agent:
         partition_id = trainers.rank if partition_mode == "trainer" else node_id
-    # Oversubscribed ranks each starting one thread per core thrash; share the cores instead.
-    threads = max(1, min(cores_available(), (os.cpu_count() or 1) // node.size))
+    # Oversubscribed ranks each starting one thread per core thrash; share the host's cores
+    # instead. Count ranks per host by name, not by the shared-memory communicator, which MPI
+    # may split finer than the host (e.g. MPIR_CVAR_NUM_CLIQUES emulating several nodes).
+    hostname = socket.gethostname()
+    on_host = sum(h == hostname for h in world.allgather(hostname))
+    threads = max(1, min(cores_available(), (os.cpu_count() or 1) // on_host))
     if is_agent:  # Split with UNDEFINED hands agents COMM_NULL
         trainers = node_trainers = None
     return Layout(world, node, trainers, node_trainers, node_id, num_nodes, is_agent, partition_mode, partition_id,
-                  num_parts, num_trainers, threads, socket.gethostname())
+                  num_parts, num_trainers, threads, hostname)

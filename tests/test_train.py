@@ -211,4 +211,36 @@ def test_bad_data_is_one_line(cora4, tmp_path):
     message = error("--data", bad, ranks=4)
     assert "part-00002.h5" in message and "checksum" in message
     assert "--fanouts" in error("--data", cora4, "--fanouts", "10,x", ranks=4)
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "--device cuda" in error("--data", cora4, "--device", "cuda", ranks=4)
     assert not os.path.exists(tmp_path / "run" / "rank-00000.h5")
+
+
+def test_node_partition_mode_splits_each_partition_among_its_node(tmp_path):
+    """Two "nodes" of two ranks, one partition per node: every training node is visited once
+    per epoch, split between the node's two trainers, and the partner reads the partition
+    through shared memory (never RMA for its own node's rows)."""
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+
+    parts = str(tmp_path / "parts")
+    partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 2, parts, method="metis", seed=0)
+    run = str(tmp_path / "run")
+    proc = run_train(4, "--data", parts, "--run-dir", run, "--partition-mode", "node", "--epochs", 2,
+                     "--eval-every", 1, "--progress", "none", env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = logs(run)
+    layouts = [json.loads(f["attrs"]["layout"]) for f in files]
+    assert [(l["node_id"], l["partition_id"]) for l in layouts] == [(0, 0), (1, 1), (0, 0), (1, 1)]  # round-robin nodes
+    for epoch in (0, 1):
+        seeds = [int(f["minibatches"]["seeds"][f["minibatches"]["epoch"] == epoch].sum()) for f in files]
+        assert sum(seeds) == 140 and all(s > 0 for s in seeds)
+    for f in files:
+        mb = f["minibatches"]
+        assert (mb["rows_rma"] == mb["input_remote"]).all()  # other node's rows: RMA only
+        assert (mb["rows_local"] + mb["rows_shared"] == mb["input_nodes"] - mb["input_remote"]).all()
+    assert sum(f["minibatches"]["rows_shared"].sum() for f in files) > 0  # the partner's shared-memory reads
+    acc = [float(f["epochs"]["test_acc"][-1]) for f in files]
+    assert len(set(acc)) == 1 and acc[0] > 0.3

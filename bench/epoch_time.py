@@ -1,0 +1,104 @@
+"""Epoch time of the no-prefetch baseline, and the share of it spent waiting on remote data, at
+several rank counts, on Facebook Page-Page (when ../shared/data has it) and on an RMAT graph.
+
+Each configuration runs the real driver (mpiexec -n N python drivers/train.py) twice, side by
+side in this one script:
+  * "1 node":   all ranks on this host, so remote partitions are read through shared memory;
+  * "N nodes":  MPICH told each rank is its own node (MPIR_CVAR_NUM_CLIQUES=N), so every remote
+                row crosses RMA (loopback here; the network on a cluster).
+Epoch time is the slowest trainer's, median over epochs 2..E. Shares are per-trainer time
+over epoch time, averaged over trainers: "wait" = sampling + feature assembly (the training
+thread blocked on its inputs), "rma" = time inside RMA Get..Flush (sampling's CSR reads and
+feature rows). Remote rows are input rows owned by another partition, summed over trainers.
+
+    python bench/epoch_time.py [--ranks 2,4,8] [--epochs 5] [--rmat-scale 15]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+FACEBOOK = os.path.join(REPO, "..", "shared", "data", "musae")
+
+
+def partition(spec: str, parts: int, out: str) -> str:
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+    from rudder.partition_store import PartitionFormatError, PartitionMeta
+
+    try:
+        if PartitionMeta.load(out).num_parts == parts:
+            return out
+    except PartitionFormatError:
+        pass
+    partition_graph(load_spec(spec), parts, out, method="metis", seed=0, force=True)
+    return out
+
+
+def run(parts_dir: str, ranks: int, run_dir: str, cliques: int, args) -> dict:
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
+           os.path.join(REPO, "drivers", "train.py"), "--data", parts_dir, "--run-dir", run_dir, "--overwrite",
+           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--hidden", str(args.hidden),
+           "--eval-every", "0", "--progress", "none", "--no-verify-data"]
+    env = dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(cliques))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    epochs = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "rank-*.h5"))):
+        with h5py.File(path, "r", locking=False) as f:
+            epochs.append(f["epochs"][()])
+    ep = np.stack(epochs)[:, 1:]  # [ranks, epochs 2..E]
+    seconds = ep["seconds"].max(axis=0)
+    return {"epoch_s": float(np.median(seconds)), "wait": float(np.mean(ep["t_wait"] / seconds)),
+            "rma": float(np.mean(ep["t_rma"] / seconds)), "fetch": float(np.mean(ep["t_fetch"] / seconds)),
+            "remote_rows": float(np.median(ep["input_remote"].sum(axis=0))),
+            "rma_mib": float(np.median(ep["bytes_rma"].sum(axis=0)) / 2**20),
+            "test_acc": float(epochs[0]["test_acc"][-1])}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", default="2,4,8")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--hidden", type=int, default=16)
+    ap.add_argument("--rmat-scale", type=int, default=15)
+    ap.add_argument("--work", default=os.path.join(REPO, "runs", "bench-epoch"))
+    a = ap.parse_args()
+    datasets = {}
+    if os.path.isfile(os.path.join(FACEBOOK, "facebook_edges.csv")):
+        datasets["facebook"] = f"musae:{FACEBOOK}:facebook"
+    else:
+        print(f"(Facebook Page-Page not at {FACEBOOK}: skipped)")
+    datasets[f"rmat{a.rmat_scale}"] = f"synthetic:rmat:scale={a.rmat_scale},edge_factor=16,feat_dim=256,classes=16,seed=1"
+    load = os.getloadavg()[0]
+    print(f"{os.cpu_count()} cores, load {load:.2f} at start; {a.epochs} epochs, batch {a.batch_size}/trainer, "
+          f"hidden {a.hidden}, fanouts 10,25")
+    print(f"{'dataset':<10} {'ranks':>5} {'layout':<8} {'epoch s':>8} {'wait %':>7} {'rma %':>6} {'fetch %':>8} "
+          f"{'remote rows/ep':>15} {'RMA MiB/ep':>11} {'test acc':>9}")
+    for name, spec in datasets.items():
+        for ranks in (int(r) for r in a.ranks.split(",")):
+            parts = partition(spec, ranks, os.path.join(a.work, f"{name}-{ranks}"))
+            for label, cliques in (("1 node", 1), (f"{ranks} nodes", ranks)):
+                t = time.time()
+                r = run(parts, ranks, os.path.join(a.work, f"run-{name}-{ranks}-{cliques}"), cliques, a)
+                print(f"{name:<10} {ranks:>5} {label:<8} {r['epoch_s']:>8.3f} {100 * r['wait']:>7.1f} {100 * r['rma']:>6.1f} "
+                      f"{100 * r['fetch']:>8.1f} {r['remote_rows']:>15,.0f} {r['rma_mib']:>11.1f} {r['test_acc']:>9.3f}"
+                      f"   ({time.time() - t:.0f} s wall)", flush=True)
+    print(f"load {os.getloadavg()[0]:.2f} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
