@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 
@@ -21,6 +20,7 @@ from partitioning.cli import main as partition_main  # noqa: E402
 from partitioning.graph import InputError  # noqa: E402
 from partitioning.verify import verify  # noqa: E402
 from rudder.partition_store import PartitionFormatError, PartitionMeta  # noqa: E402
+from rudder.runtime import find_mpiexec  # noqa: E402
 
 DEFAULT_INPUT = f"planetoid:{os.path.join(REPO, 'data', 'cora')}:cora"
 
@@ -38,8 +38,7 @@ def cached(parts_dir: str, source: str, num_parts: int) -> bool:
 
 
 def mpiexec() -> str:
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    found = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+    found = find_mpiexec()
     if not found:
         sys.exit("demo: no mpiexec found (make venv installs one; on a cluster use srun, see README)")
     return found

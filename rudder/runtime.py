@@ -13,11 +13,18 @@ signals that stop training cleanly.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
 import threading
 import traceback
+
+
+def find_mpiexec() -> str | None:
+    """The launcher beside this Python (the venv's, from the mpich extra), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
 
 
 def agree_on_error(comm, error: str | None) -> str | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from mpi4py import MPI
 
 from rudder.config import TrainConfig
 from rudder.data_parallel import GradientAllreduce, broadcast_parameters, parameter_digest
@@ -57,7 +58,6 @@ TIMERS = ("t_sample", "t_fetch", "t_rma", "t_wait", "t_forward_backward", "t_all
 def library_versions() -> dict:
     import h5py
     import mpi4py
-    from mpi4py import MPI
 
     import rudder
     from rudder.dgl_bridge import load_dgl
@@ -96,8 +96,6 @@ class Trainer:
         self.eval_sets = {name: my_share(start + np.flatnonzero(mask), layout)
                           for name, mask in (("val", part.val_mask), ("test", part.test_mask))}
         # Equal steps on every trainer: the busiest trainer's seed count sets the count.
-        from mpi4py import MPI
-
         my_train = my_share(self.train_nodes, layout).size
         most = layout.trainers.allreduce(my_train, op=MPI.MAX)
         self.batch_size = cfg.resolved_batch_size(most)
@@ -111,7 +109,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.allreduce = GradientAllreduce(layout.trainers, self.model)
         self.halo = np.sort(part.halo_nodes)
-        self.epochs_done, self.last_eval = 0, {}
+        self.last_eval: dict[str, float] = {}
         self.stop_signal = 0  # after a stop: the signal that caused it (the same on every rank)
 
         run = {"batch_size": self.batch_size, "steps_per_epoch": self.steps_per_epoch, "train_seeds": int(my_train),
@@ -209,14 +207,11 @@ class Trainer:
         for epoch in range(self.cfg.epochs):
             result = self.epoch(epoch, progress)
             rows = self.layout.trainers.gather(result.row, root=0)
-            self.epochs_done += int(result.row["complete"])
             if rows is not None:
                 per_epoch.append(np.array(rows, dtype=EPOCH_ROW))
                 if progress is not None:
                     progress.epoch(per_epoch[-1])
             if result.stopped:
-                from mpi4py import MPI
-
                 stopped = True
                 self.stop_signal = self.layout.trainers.allreduce(self.stop.signum, op=MPI.MAX)
                 break

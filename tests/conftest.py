@@ -42,8 +42,9 @@ def shared_dataset(kind: str, name: str) -> str:
 
 def mpiexec() -> str:
     """The venv's mpiexec (mpich extra), else the system one; skips the test when there is none."""
-    venv = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    path = venv if os.access(venv, os.X_OK) else shutil.which("mpiexec")
+    from rudder.runtime import find_mpiexec
+
+    path = find_mpiexec()
     if not path:
         pytest.skip("no mpiexec on this machine (install the mpich extra)")
     return path
