@@ -42,6 +42,16 @@ class TrainConfig:
     eval_batch_size: int = 100_000
     partition_mode: str = "trainer"  # trainer: a partition per trainer; node: per node, shared
     trace: bool = False  # log each minibatch's remote input IDs (for offline replay)
+    # The prefetch buffer and the policy that steers it (rudder.policies, rudder.buffer)
+    policy: str = "none"  # none | static | fixed | lookahead
+    buffer_fraction: float = 0.25  # B = floor(f x |halo|)
+    buffer_init: str = "degree"  # degree | random | empty
+    buffer_scope: str = "halo"  # halo: 1-hop halo only (the paper); remote: any node owned elsewhere
+    alpha: float = 0.05  # score decay per minibatch
+    delta: int = 25  # eviction threshold round((1-alpha)^delta, 3); the fixed policy's period
+    compat: str = "none"  # none | massivegnn: reproduce the reference code, quirks included
+    lookahead: int = 4  # minibatches the lookahead policy samples ahead
+    prefetch_depth: int = 1  # minibatches prepared ahead in a background thread (0 = no overlap)
     log_flush_seconds: float = 2.0
     progress: str = "bar"  # bar | lines | none
     verify_data: bool = True  # check each partition file's checksum before training
@@ -70,6 +80,18 @@ class TrainConfig:
         need(self.partition_mode in ("trainer", "node"), "partition_mode", "trainer or node")
         need(self.log_flush_seconds > 0, "log_flush_seconds", "a positive number of seconds")
         need(self.progress in ("bar", "lines", "none"), "progress", "bar, lines or none")
+        from rudder.buffer import INIT_MODES, SCOPES
+        from rudder.policies import POLICIES
+
+        need(self.policy in POLICIES, "policy", f"one of {', '.join(POLICIES)}")
+        need(0 <= self.buffer_fraction <= 1, "buffer_fraction", "a fraction of the halo in [0, 1]")
+        need(self.buffer_init in INIT_MODES, "buffer_init", f"one of {', '.join(INIT_MODES)}")
+        need(self.buffer_scope in SCOPES, "buffer_scope", f"one of {', '.join(SCOPES)}")
+        need(0 <= self.alpha < 1, "alpha", "a decay rate in [0, 1)")
+        need(self.delta >= 1, "delta", "a positive number of minibatches")
+        need(self.compat in ("none", "massivegnn"), "compat", "none or massivegnn")
+        need(self.lookahead >= 1, "lookahead", "a positive number of minibatches")
+        need(self.prefetch_depth >= 0, "prefetch_depth", "0 (no overlap) or more minibatches")
         return self
 
     def resolved_batch_size(self, max_train_per_trainer: int) -> int:
@@ -139,6 +161,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--partition-mode", help="trainer: one partition per trainer rank (default); node: one per node, "
                     "its trainers share it and split its training nodes")
     ap.add_argument("--trace", action="store_const", const=True, help="log every minibatch's remote input IDs (compressed)")
+    ap.add_argument("--policy", help="buffer policy: none (no buffer; default), static, fixed, lookahead")
+    ap.add_argument("--buffer-fraction", type=float, help=f"buffer size as a fraction of the halo (default {d.buffer_fraction})")
+    ap.add_argument("--buffer-init", help="initial fill: degree (default), random, empty")
+    ap.add_argument("--buffer-scope", help="halo (default): cache 1-hop halo rows only; remote: any remote row")
+    ap.add_argument("--alpha", type=float, help=f"score decay per minibatch (default {d.alpha})")
+    ap.add_argument("--delta", type=int, help=f"eviction period in minibatches (default {d.delta})")
+    ap.add_argument("--compat", help="none (default) or massivegnn: reproduce the reference code, quirks included")
+    ap.add_argument("--lookahead", type=int, help=f"minibatches the lookahead policy samples ahead (default {d.lookahead})")
+    ap.add_argument("--prefetch-depth", type=int, help="minibatches prepared ahead by a background thread (default 1)")
+    ap.add_argument("--no-overlap", dest="prefetch_depth", action="store_const", const=0,
+                    help="prepare each minibatch after the previous step (the DistDGL baseline's order)")
     ap.add_argument("--log-flush-seconds", type=float, help=f"flush the logs at least this often (default {d.log_flush_seconds})")
     ap.add_argument("--progress", help="rank 0's progress display: bar, lines or none (default bar)")
     ap.add_argument("--no-verify-data", dest="verify_data", action="store_const", const=False,

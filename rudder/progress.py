@@ -46,10 +46,13 @@ def format_summary(s: dict) -> str:
         f"{s['steps_per_epoch']} minibatches/epoch of {s['batch_size']} seeds per trainer",
         f"  training time   {s['train_seconds']:.2f} s (epoch mean {s['epoch_seconds_mean']:.3f} s, "
         f"median {s['epoch_seconds_median']:.3f} s, first epoch excluded)",
-        f"  time shares     sampling+fetch (waiting for inputs) {100 * s['share_wait']:.1f}%, feature fetch "
-        f"{100 * s['share_fetch']:.1f}%, remote RMA gets {100 * s['share_rma']:.1f}%",
+        f"  time shares     training thread waiting for inputs {100 * s['share_wait']:.1f}%; feature assembly "
+        f"{100 * s['share_fetch']:.1f}% and remote RMA gets {100 * s['share_rma']:.1f}% (overlapped when pipelined)",
         f"  remote inputs   {s['input_remote_per_epoch']:,.0f} of {s['input_nodes_per_epoch']:,.0f} rows/epoch, "
         f"{s['mib_rma_per_epoch']:.1f} MiB/epoch fetched by RMA",
+        f"  buffer          policy {s['policy']}" + ("" if s["policy"] == "none" else
+        f": {s['hit_percent']:.1f}% hits, communication volume {s['comm_volume_per_epoch']:,.0f} rows/epoch "
+        f"(cacheable misses + refills)"),
         f"  accuracy        val {s['val_acc']:.4f}, test {s['test_acc']:.4f} (final loss {s['final_loss']:.4f})",
         f"  logs            {s['run_dir']}/rank-*.h5",
     ]

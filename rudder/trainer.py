@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
+from rudder.assembly import FeatureAssembler
+from rudder.buffer import BufferSettings
 from rudder.config import TrainConfig
 from rudder.data_parallel import GradientAllreduce, broadcast_parameters, parameter_digest
 from rudder.dgl_bridge import to_blocks
@@ -30,6 +32,8 @@ from rudder.feature_store import FeatureStore
 from rudder.layout import exposer_table
 from rudder.model import GraphSAGE
 from rudder.partition_store import read_partition
+from rudder.pipeline import MinibatchPipeline
+from rudder.policies import make_policy
 from rudder.run_log import RunLog, log_path
 from rudder.sampler import Adjacency, NeighborSampler
 
@@ -40,7 +44,15 @@ MINIBATCH_ROW = np.dtype([
     ("rows_local", "i8"), ("rows_shared", "i8"), ("rows_rma", "i8"),  # feature rows by path
     ("bytes_rma", "i8"), ("owners_rma", "i4"),  # feature bytes fetched by RMA, owners read
     ("adjacency_rows_rma", "i8"), ("adjacency_bytes_rma", "i8"),  # sampling's remote CSR reads
-    ("t_sample", "f8"), ("t_fetch", "f8"), ("t_rma", "f8"), ("t_wait", "f8"),
+    # the prefetch buffer (zeros without one): spec 1.10's metrics
+    ("hits", "i8"), ("misses", "i8"),  # cacheable inputs found / not found in the buffer
+    ("refills", "i8"), ("evictions", "i8"), ("candidates", "i8"), ("replaced", "i1"), ("occupancy", "i8"),
+    ("comm_volume", "i8"),  # the paper's: misses + refills
+    ("hit_percent", "i2"),  # cumulative integer %-hits, as the paper reports it
+    ("hit_ratio", "f8"),  # cumulative exact ratio
+    ("t_sample", "f8"), ("t_fetch", "f8"),  # t_fetch: whole feature assembly (lookup, replacement, fetch)
+    ("t_lookup", "f8"), ("t_replace", "f8"), ("t_rma", "f8"),
+    ("t_wait", "f8"),  # the training thread blocked on this minibatch's inputs
     ("t_forward_backward", "f8"), ("t_allreduce", "f8"), ("t_update", "f8"),
     ("loss", "f4"),  # this trainer's mean loss (NaN for an empty minibatch)
     ("global_loss", "f4"),  # mean loss over all trainers' seeds
@@ -50,6 +62,7 @@ EPOCH_ROW = np.dtype([
     ("t_sample", "f8"), ("t_fetch", "f8"), ("t_rma", "f8"), ("t_wait", "f8"),
     ("t_forward_backward", "f8"), ("t_allreduce", "f8"), ("t_update", "f8"),
     ("input_nodes", "i8"), ("input_remote", "i8"), ("bytes_rma", "i8"),
+    ("hits", "i8"), ("misses", "i8"), ("refills", "i8"), ("comm_volume", "i8"),
     ("loss", "f4"), ("val_acc", "f4"), ("test_acc", "f4"), ("eval_seconds", "f8"), ("param_digest", "i8"),
 ])
 TIMERS = ("t_sample", "t_fetch", "t_rma", "t_wait", "t_forward_backward", "t_allreduce", "t_update")
@@ -109,11 +122,23 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.allreduce = GradientAllreduce(layout.trainers, self.model)
         self.halo = np.sort(part.halo_nodes)
+
+        self.policy = make_policy(cfg)
+        settings = BufferSettings(cfg.buffer_fraction, cfg.buffer_init, cfg.alpha, cfg.delta, cfg.compat == "massivegnn",
+                                  cfg.buffer_scope)
+        self.assembler = FeatureAssembler(self.features, self.policy, settings, part, meta.num_nodes,
+                                          np.random.default_rng([cfg.seed, 2, layout.trainer_rank]))
+        fill = self.assembler.fill()
+        self.pipeline = MinibatchPipeline(self.schedule(), self.sampler, self.assembler, cfg.prefetch_depth,
+                                          self.policy.lookahead)
         self.last_eval: dict[str, float] = {}
         self.stop_signal = 0  # after a stop: the signal that caused it (the same on every rank)
 
+        buffer = self.assembler.buffer
         run = {"batch_size": self.batch_size, "steps_per_epoch": self.steps_per_epoch, "train_seeds": int(my_train),
-               "device": str(self.device), "partition_exposed_here": bool(exposes)}
+               "device": str(self.device), "partition_exposed_here": bool(exposes), "halo_nodes": int(part.halo_nodes.size),
+               "buffer_capacity": buffer.capacity if buffer is not None else 0,
+               "buffer_fill_rows": fill.rows_local + fill.rows_shared + fill.rows_remote, "buffer_fill_bytes_rma": fill.bytes_remote}
         data = {"dir": cfg.data, "dataset": meta.dataset, "source": meta.source, "num_parts": meta.num_parts,
                 "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "feat_dim": meta.feat_dim,
                 "created": meta.created, "edge_hash": meta.edge_hash}
@@ -123,12 +148,19 @@ class Trainer:
                           {"minibatches": MINIBATCH_ROW, "epochs": EPOCH_ROW},
                           {"trace_remote_inputs": np.int64} if cfg.trace else None, flush_seconds=cfg.log_flush_seconds)
 
+    def schedule(self):
+        """(epoch, step, seeds) for the whole run: each epoch a fresh shuffle of the partition's
+        training nodes (the same on a node's trainers), this trainer's share of it, split into
+        the run's equal number of steps."""
+        for epoch in range(self.cfg.epochs):
+            order = self.shuffle_rng.permutation(self.train_nodes)
+            for step, seeds in enumerate(np.array_split(my_share(order, self.layout), self.steps_per_epoch)):
+                yield epoch, step, seeds
+
     # -- one step ------------------------------------------------------------------------------
-    def step(self, epoch: int, step: int, seeds: np.ndarray) -> tuple[np.void, bool]:
-        t0 = time.perf_counter()
-        mb = self.sampler.sample(seeds)
-        t1 = time.perf_counter()
-        x, fetch = self.features.gather(mb.input_nodes)
+    def step(self) -> tuple[np.void, bool]:
+        item, waited = self.pipeline.next()
+        mb, seeds, a = item.minibatch, item.seeds, item.assembly
         t2 = time.perf_counter()
         owner = self.meta.owner_of(mb.input_nodes)
         remote = mb.input_nodes[owner != self.layout.partition_id]
@@ -140,7 +172,7 @@ class Trainer:
         if seeds.size:
             blocks = to_blocks(mb.layers, self.device)
             labels = torch.from_numpy(self.partition.labels[seeds - self.partition.node_start]).to(self.device)
-            logits = self.model(blocks, torch.from_numpy(x).to(self.device))
+            logits = self.model(blocks, torch.from_numpy(item.x).to(self.device))
             loss = F.cross_entropy(logits, labels, reduction="sum")
             self.optimizer.zero_grad(set_to_none=False)
             loss.backward()
@@ -151,10 +183,15 @@ class Trainer:
         if totals.seeds:
             self.optimizer.step()
         t5 = time.perf_counter()
-        row = (epoch, step, seeds.size, mb.input_nodes.size, remote.size, halo,
+        fetch = a.fetch
+        looked = a.hit_total + a.miss_total
+        row = (item.epoch, item.step, seeds.size, mb.input_nodes.size, remote.size, halo,
                fetch.rows_local, fetch.rows_shared, fetch.rows_remote, fetch.bytes_remote, fetch.owners_touched,
                mb.stats.rows_remote, mb.stats.bytes_remote,
-               t1 - t0, t2 - t1, fetch.seconds_remote + mb.stats.seconds_remote, t2 - t0, t3 - t2, t4 - t3, t5 - t4,
+               a.hits, a.misses, a.refills, a.evictions, a.candidates, a.replaced, a.occupancy, a.comm_volume,
+               a.hit_percent, a.hit_total / looked if looked else 0.0,
+               item.t_sample, item.t_assemble, a.t_lookup, a.t_replace, fetch.seconds_remote + mb.stats.seconds_remote,
+               waited, t3 - t2, t4 - t3, t5 - t4,
                loss_sum / seeds.size if seeds.size else np.nan,
                totals.loss_sum / totals.seeds if totals.seeds else np.nan)
         self.log.append("minibatches", row)
@@ -163,12 +200,10 @@ class Trainer:
 
     # -- one epoch -----------------------------------------------------------------------------
     def epoch(self, epoch: int, progress) -> EpochResult:
-        order = self.shuffle_rng.permutation(self.train_nodes)
-        chunks = np.array_split(my_share(order, self.layout), self.steps_per_epoch)
         rows, stopped = [], False
         start = time.perf_counter()
-        for step, seeds in enumerate(chunks):
-            row, stopped = self.step(epoch, step, seeds)
+        for _ in range(self.steps_per_epoch):
+            row, stopped = self.step()
             rows.append(row)
             if progress is not None:
                 progress.step(float(row["global_loss"]))
@@ -179,7 +214,8 @@ class Trainer:
         result = {"epoch": epoch, "steps": len(rows), "complete": not stopped, "seconds": seconds,
                   **{t: float(table[t].sum()) for t in TIMERS},
                   "input_nodes": int(table["input_nodes"].sum()), "input_remote": int(table["input_remote"].sum()),
-                  "bytes_rma": int(table["bytes_rma"].sum()), "loss": float(np.nanmean(table["global_loss"])),
+                  "bytes_rma": int(table["bytes_rma"].sum()),
+                  **{k: int(table[k].sum()) for k in ("hits", "misses", "refills", "comm_volume")}, "loss": float(np.nanmean(table["global_loss"])),
                   "val_acc": np.nan, "test_acc": np.nan, "eval_seconds": 0.0}
         last = epoch == self.cfg.epochs - 1
         every = self.cfg.eval_every
@@ -218,7 +254,8 @@ class Trainer:
         return summarize(per_epoch, self, stopped) if self.layout.trainers.rank == 0 else None
 
     def close(self) -> None:
-        """Collective over the trainers: frees the RMA windows."""
+        """Collective over the trainers: stops the pipeline, frees the RMA windows."""
+        self.pipeline.close()
         self.adjacency.close()
         self.features.close()
 
@@ -243,6 +280,16 @@ def summarize(per_epoch: list[np.ndarray], trainer: Trainer, stopped: bool) -> d
             "input_remote_per_epoch": float(np.mean([e["input_remote"].sum() for e in timed])) if timed else float("nan"),
             "input_nodes_per_epoch": float(np.mean([e["input_nodes"].sum() for e in timed])) if timed else float("nan"),
             "mib_rma_per_epoch": float(np.mean([e["bytes_rma"].sum() for e in timed]) / 2**20) if timed else float("nan"),
+            "policy": trainer.cfg.policy,
+            "comm_volume_per_epoch": float(np.mean([e["comm_volume"].sum() for e in timed])) if timed else float("nan"),
+            "hit_percent": _hit_percent(per_epoch),
             "final_loss": float(complete[-1]["loss"][0]) if complete else float("nan"),
             "val_acc": trainer.last_eval.get("val", float("nan")), "test_acc": trainer.last_eval.get("test", float("nan")),
             "run_dir": trainer.cfg.run_dir}
+
+
+def _hit_percent(per_epoch) -> float:
+    """Cumulative hits over all cacheable lookups of all trainers, in percent."""
+    hits = sum(int(e["hits"].sum()) for e in per_epoch)
+    looked = hits + sum(int(e["misses"].sum()) for e in per_epoch)
+    return 100.0 * hits / looked if looked else 0.0

@@ -1,0 +1,237 @@
+"""The persistent prefetch buffer of remote feature rows, with MassiveGNN's scoring (spec 1.2-1.6).
+
+Per trainer: B = floor(f x |H|) slots of (node ID, feature row, eviction score S_E), plus a miss
+count S_N per admissible node outside the buffer (-1 for buffered ones). Admissible nodes are
+the partition's 1-hop halo H (the paper), or with scope ``remote`` every node owned elsewhere
+(S_N then spans all node IDs: the reference's "standard" variant; the halo one is its
+"memory-efficient" variant, which gives identical results).
+
+Every minibatch (``lookup`` then ``settle``): slots are re-sorted by ID if a replacement
+reordered them, every score decays by d = 1 - alpha, a hit divides its slot's score by d
+(freezing it), and each admissible miss adds 1 to its S_N. On a replacement (``replace``):
+eviction candidates are the slots with S_E < round(d^delta, 3) compared in float32, in slot
+(= ID) order; refills are the admissible nodes with S_N > 0, most missed first (stable);
+k = min of the two counts; evicted nodes get S_N := their S_E, inserted ones S_E := their S_N
+and S_N := -1. The caller fetches the refills together with the minibatch's misses in one
+request (``rudder.assembly``).
+
+``compat=True`` reproduces the reference code exactly, including its quirk (spec 1.6 item 10):
+on a minibatch that triggered a replacement and found eviction candidates, the S_N update is
+skipped. By default the miss counts are always updated, before the replacement is chosen, so the
+ranking sees this minibatch's misses and evicted rows stop ping-ponging.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import time
+
+import numpy as np
+
+INIT_MODES = ("degree", "random", "empty")
+SCOPES = ("halo", "remote")
+
+
+@dataclass
+class BufferSettings:
+    fraction: float = 0.25  # B = floor(fraction x |H|)
+    init: str = "degree"  # degree | random | empty
+    alpha: float = 0.05  # score decay 1 - alpha per minibatch
+    delta: int = 25  # eviction threshold round((1 - alpha)^delta, 3)
+    compat: bool = False  # reproduce the reference code, quirks included
+    scope: str = "halo"  # halo | remote
+
+
+@dataclass
+class Replacement:
+    slots: np.ndarray  # buffer slots refilled
+    evicted: np.ndarray  # node IDs that left (sentinels included)
+    inserted: np.ndarray  # node IDs that came in (their rows still to be fetched)
+    candidates: int  # eviction candidates found (k = min(candidates, refill candidates))
+
+
+@dataclass
+class BufferStep:
+    hit: np.ndarray  # per input node: found in the buffer
+    slots: np.ndarray  # slot of each hit
+    misses: int  # admissible inputs not found
+    candidates: int  # eviction candidates at decision time
+    asked: bool  # the policy asked for a replacement
+    replacement: Replacement | None
+    t_lookup: float
+    t_replace: float
+
+
+def eviction_threshold(alpha: float, delta: int) -> np.float32:
+    return np.float32(round((1.0 - alpha) ** delta, 3))
+
+
+class ScoredBuffer:
+    """MassiveGNN's buffer for one trainer. ``owned`` = [start, end) of the trainer's partition."""
+
+    def __init__(self, settings: BufferSettings, halo: np.ndarray, halo_in_degree: np.ndarray, owned: tuple[int, int],
+                 num_nodes: int, dim: int, rng: np.random.Generator):
+        self.settings = s = settings
+        order = np.argsort(halo, kind="stable")
+        self.halo, halo_in_degree = np.asarray(halo, np.int64)[order], np.asarray(halo_in_degree)[order]
+        self.owned, self.num_nodes = owned, num_nodes
+        self.capacity = int(np.floor(s.fraction * self.halo.size))
+        self.decay = np.float32(1.0 - s.alpha)
+        self.threshold = eviction_threshold(s.alpha, s.delta)
+        # S_N: one float32 per admissible node (halo: by position in the sorted halo; remote: by ID)
+        self.miss_count = np.zeros(self.halo.size if s.scope == "halo" else num_nodes, dtype=np.float32)
+        B = self.capacity
+        if s.init == "degree":  # top-B halo nodes by global in-degree, ties by ID
+            pick = np.argsort(-halo_in_degree, kind="stable")[:B]
+            self.ids = self.halo[np.sort(pick)]
+        elif s.init == "random":
+            self.ids = np.sort(rng.choice(self.halo, size=B, replace=False))
+        else:  # empty: sentinel IDs that can never match a node
+            self.ids = np.arange(num_nodes, num_nodes + B, dtype=np.int64)
+        self.score = np.ones(B, dtype=np.float32)
+        self.features = np.zeros((B, dim), dtype=np.float32)
+        self.sorted = True
+        idx, ok = self.admissible(self.ids)
+        self.miss_count[idx[ok]] = -1
+
+    def initial_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, node IDs) whose features the initial fill must fetch (none for sentinels)."""
+        real = np.flatnonzero(self.ids < self.num_nodes)
+        return real, self.ids[real]
+
+    def admissible(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """S_N index of each node, and whether the node is admissible at all."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        if self.settings.scope == "remote":
+            ok = ((nodes < self.owned[0]) | (nodes >= self.owned[1])) & (nodes < self.num_nodes)
+            return np.where(ok, nodes, 0), ok
+        pos = np.searchsorted(self.halo, nodes)
+        pos = np.minimum(pos, max(self.halo.size - 1, 0))
+        ok = self.halo[pos] == nodes if self.halo.size else np.zeros(nodes.size, dtype=bool)
+        return pos, ok
+
+    def lookup(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Decay, then find ``nodes`` (unique) in the buffer: (hit mask, slot of each hit)."""
+        if not self.sorted:
+            order = np.argsort(self.ids, kind="stable")
+            self.ids, self.score, self.features = self.ids[order], self.score[order], self.features[order]
+            self.sorted = True
+        self.score *= self.decay
+        if not self.capacity:
+            return np.zeros(nodes.size, dtype=bool), np.zeros(0, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.ids, nodes), self.capacity - 1)
+        hit = self.ids[pos] == nodes
+        slots = pos[hit]
+        self.score[slots] /= self.decay
+        return hit, slots
+
+    def count_misses(self, missed: np.ndarray) -> int:
+        """S_N += 1 for each admissible missed node; returns how many were admissible."""
+        idx, ok = self.admissible(missed)
+        np.add.at(self.miss_count, idx[ok], 1)  # nodes are unique, but stay safe
+        return int(ok.sum())
+
+    def step(self, nodes: np.ndarray, decide) -> BufferStep:
+        """One minibatch: lookup, the policy's decision ``decide(hits, misses, candidates)``,
+        the miss counts (corrected or reference order) and the replacement if asked for."""
+        t0 = time.perf_counter()
+        hit, slots = self.lookup(nodes)
+        missed = nodes[~hit]
+        _, ok = self.admissible(missed)
+        candidates = int(self.eviction_candidates().size)
+        asked = bool(decide(int(hit.sum()), int(ok.sum()), candidates))
+        t1 = time.perf_counter()
+        if not self.settings.compat or not (asked and candidates):  # the reference skips it then
+            self.count_misses(missed)
+        rep = self.replace() if asked else None
+        return BufferStep(hit, slots, int(ok.sum()), candidates, asked, rep, t1 - t0, time.perf_counter() - t1)
+
+    def eviction_candidates(self) -> np.ndarray:
+        return np.flatnonzero(self.score < self.threshold)  # float32 compare, slot order
+
+    def replace(self) -> Replacement:
+        cand = self.eviction_candidates()
+        counts = self.miss_count
+        wanted = np.flatnonzero(counts > 0)
+        wanted = wanted[np.argsort(-counts[wanted], kind="stable")]
+        k = min(cand.size, wanted.size)
+        slots, take = cand[:k], wanted[:k]
+        inserted = self.halo[take] if self.settings.scope == "halo" else take.astype(np.int64)
+        evicted = self.ids[slots].copy()
+        idx, ok = self.admissible(evicted)
+        new_scores = counts[take].copy()
+        counts[idx[ok]] = self.score[slots][ok]  # evicted: S_N := last S_E
+        counts[take] = -1
+        self.score[slots] = new_scores  # inserted: S_E := S_N
+        self.ids[slots] = inserted
+        if k:
+            self.sorted = False
+        return Replacement(slots, evicted, inserted, int(cand.size))
+
+    @property
+    def occupancy(self) -> int:
+        return int((self.ids < self.num_nodes).sum())
+
+
+class WindowBuffer:
+    """Belady within a lookahead window (demand fill). After each minibatch, of the buffered rows
+    and the minibatch's fetched admissible rows, keep the ``capacity`` needed soonest in the next
+    W minibatches; rows not needed within the window count as infinitely far, and among those
+    the most recently used stay (LRU). Starts empty."""
+
+    NEVER = np.iinfo(np.int64).max
+
+    def __init__(self, capacity: int, halo: np.ndarray, owned: tuple[int, int], num_nodes: int, dim: int, scope: str):
+        self.capacity, self.owned, self.num_nodes, self.scope = capacity, owned, num_nodes, scope
+        self.halo = np.sort(np.asarray(halo, np.int64))
+        self.ids = np.arange(num_nodes, num_nodes + capacity, dtype=np.int64)  # sentinels: empty
+        self.features = np.zeros((capacity, dim), dtype=np.float32)
+        self.last_used = np.full(capacity, -1, dtype=np.int64)
+        self.order = np.arange(capacity)  # slots sorted by ID, for lookups
+        self.clock = 0
+
+    def admissible(self, nodes: np.ndarray) -> np.ndarray:
+        if self.scope == "remote":
+            return (nodes < self.owned[0]) | (nodes >= self.owned[1])
+        return np.isin(nodes, self.halo, assume_unique=False)
+
+    def lookup(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not self.capacity:
+            return np.zeros(nodes.size, dtype=bool), np.zeros(0, dtype=np.int64)
+        sorted_ids = self.ids[self.order]
+        pos = np.minimum(np.searchsorted(sorted_ids, nodes), self.capacity - 1)
+        hit = sorted_ids[pos] == nodes
+        slots = self.order[pos[hit]]
+        self.clock += 1
+        self.last_used[slots] = self.clock
+        return hit, slots
+
+    def settle(self, missed: np.ndarray, missed_rows: np.ndarray, future: list[np.ndarray]) -> int:
+        """Admit missed rows (features ``missed_rows``) by next use within ``future`` (the next
+        minibatches' input nodes, nearest first); returns how many rows entered."""
+        if not self.capacity:
+            return 0
+        keep = self.admissible(missed)
+        missed, missed_rows = missed[keep], missed_rows[keep]
+        ids = np.concatenate([self.ids, missed])
+        next_use = np.full(ids.size, self.NEVER, dtype=np.int64)
+        for distance, nodes in enumerate(future, start=1):
+            unseen = next_use == self.NEVER
+            next_use[unseen & np.isin(ids, nodes)] = distance
+        last = np.concatenate([self.last_used, np.full(missed.size, self.clock, dtype=np.int64)])
+        ranked = np.lexsort((ids, -last, next_use))[:self.capacity]
+        chosen = np.zeros(ids.size, dtype=bool)
+        chosen[ranked] = True
+        free = np.flatnonzero(~chosen[:self.capacity])  # slots whose row leaves
+        entering = np.flatnonzero(chosen[self.capacity:])  # missed rows that come in
+        slots = free[:entering.size]  # as many leave as enter
+        self.ids[slots] = missed[entering]
+        self.features[slots] = missed_rows[entering]
+        self.last_used[slots] = self.clock
+        if entering.size:
+            self.order = np.argsort(self.ids, kind="stable")
+        return int(entering.size)
+
+    @property
+    def occupancy(self) -> int:
+        return int((self.ids < self.num_nodes).sum())

@@ -1,0 +1,72 @@
+"""Exactness of every buffer policy: for the same sampled minibatches, the assembled input
+feature matrix is bit-identical to a plain gather from the feature store, so no policy can change
+accuracy. Also the counters: hits + misses cover exactly the cacheable inputs, and traffic only
+falls. Any process count (the issue asks for 2 and 4; the suite runs 1, 2 and 4)."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from conftest import BUNDLED_CORA, partition_on_rank0
+
+pytestmark = pytest.mark.mpi
+
+VARIANTS = [
+    ("static", {}), ("fixed", {"delta": 1}), ("fixed", {"delta": 2, "compat": True}),
+    ("fixed", {"delta": 3, "init": "empty"}), ("fixed", {"delta": 1, "init": "random", "scope": "remote"}),
+    ("lookahead", {"lookahead": 1}), ("lookahead", {"lookahead": 4, "scope": "remote"}),
+]
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory):
+    from rudder.feature_store import FeatureStore
+    from rudder.layout import build_layout, exposer_table
+    from rudder.partition_store import PartitionMeta, read_partition
+    from rudder.sampler import Adjacency, NeighborSampler
+
+    out = partition_on_rank0(tmp_path_factory, f"planetoid:{BUNDLED_CORA}:cora", "cora-assembly")
+    meta = PartitionMeta.load(out)
+    layout = build_layout(meta.num_parts)
+    part = read_partition(out, layout.partition_id, meta)
+    exposer = exposer_table(layout, meta.num_parts)
+    store, adjacency = FeatureStore(layout, meta, out, exposer), Adjacency(layout, meta, part, exposer)
+    sampler = NeighborSampler(adjacency, [10, 25], seed=[0, layout.trainer_rank])
+    rng = np.random.default_rng(layout.trainer_rank)
+    seeds = part.node_start + np.flatnonzero(~part.test_mask)  # plenty of minibatches
+    inputs = [sampler.sample(rng.choice(seeds, size=min(16, seeds.size), replace=False)).input_nodes for _ in range(40)]
+    yield meta, layout, part, store, inputs
+    adjacency.close()
+    store.close()
+
+
+@pytest.mark.parametrize("policy,opts", VARIANTS, ids=[f"{p}-{'-'.join(f'{k}{v}' for k, v in o.items())}" for p, o in VARIANTS])
+def test_assembled_features_are_bit_identical(stream, policy, opts):
+    from rudder.assembly import FeatureAssembler
+    from rudder.buffer import BufferSettings
+    from rudder.policies import make_policy
+
+    meta, layout, part, store, inputs = stream
+    cfg = types.SimpleNamespace(policy=policy, delta=opts.get("delta", 25), lookahead=opts.get("lookahead", 4))
+    settings = BufferSettings(0.25, opts.get("init", "degree"), 0.05, cfg.delta, opts.get("compat", False),
+                              opts.get("scope", "halo"))
+    plain = FeatureAssembler(store, make_policy(types.SimpleNamespace(policy="none")), None, part, meta.num_nodes,
+                             np.random.default_rng(0))
+    ours = FeatureAssembler(store, make_policy(cfg), settings, part, meta.num_nodes, np.random.default_rng(0))
+    ours.fill()
+    remote_rows = {"plain": 0, "ours": 0}
+    owned = (part.node_start, part.node_end)
+    for i, nodes in enumerate(inputs):
+        expected, base = plain.assemble(nodes)
+        got, stats = ours.assemble(nodes, inputs[i + 1:i + 1 + cfg.lookahead])
+        assert got.tobytes() == expected.tobytes(), f"minibatch {i}"
+        remote = (nodes < owned[0]) | (nodes >= owned[1])
+        cacheable = remote & (np.isin(nodes, part.halo_nodes) if settings.scope == "halo" else True)
+        assert stats.hits + stats.misses == int(cacheable.sum())
+        remote_rows["plain"] += base.fetch.rows_shared + base.fetch.rows_remote
+        remote_rows["ours"] += stats.fetch.rows_shared + stats.fetch.rows_remote - stats.refills
+    assert remote_rows["ours"] <= remote_rows["plain"]
+    if layout.num_trainers > 1 and part.halo_nodes.size:
+        assert ours.hit_total > 0  # the buffer did serve rows
