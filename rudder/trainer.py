@@ -129,6 +129,8 @@ class Trainer:
         self.assembler = FeatureAssembler(self.features, self.policy, settings, part, meta.num_nodes,
                                           np.random.default_rng([cfg.seed, 2, layout.trainer_rank]))
         fill = self.assembler.fill()
+        if cfg.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
+            torch.set_num_threads(layout.threads_per_rank - 1)
         self.pipeline = MinibatchPipeline(self.schedule(), self.sampler, self.assembler, cfg.prefetch_depth,
                                           self.policy.lookahead)
         self.last_eval: dict[str, float] = {}
