@@ -8,6 +8,7 @@ the per-minibatch metrics of spec 1.10 plus timings.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -48,26 +49,32 @@ class AssemblyStats:
 
 class FeatureAssembler:
     def __init__(self, store, policy: Policy, settings: BufferSettings | None, partition, num_nodes: int,
-                 rng: np.random.Generator):
-        self.store, self.policy, self.settings = store, policy, settings
+                 rng: np.random.Generator, shared=None):
+        """``shared``: a ``NodeSharedArrays`` when the node's trainers share one scored buffer."""
+        self.store, self.policy, self.settings, self.shared = store, policy, settings, shared
         owned = (partition.node_start, partition.node_end)
         self.buffer = None
         self.counter = 0
         self.hit_total = self.miss_total = 0
+        self.lock = shared.lock if shared is not None else contextlib.nullcontext
         if policy.buffer_kind == "scored":
+            extra = {"alloc": shared.alloc, "initialise": shared.comm.rank == 0} if shared is not None else {}
             self.buffer = ScoredBuffer(settings, partition.halo_nodes, partition.halo_in_degree, owned, num_nodes,
-                                       store.dim, rng)
+                                       store.dim, rng, **extra)
         elif policy.buffer_kind == "window":
             capacity = int(np.floor(settings.fraction * partition.halo_nodes.size))
             self.buffer = WindowBuffer(capacity, partition.halo_nodes, owned, num_nodes, store.dim, settings.scope)
         self.init_stats = ReadStats()
 
     def fill(self) -> ReadStats:
-        """The initial bulk fetch of a scored buffer (one request)."""
-        if isinstance(self.buffer, ScoredBuffer):
+        """The initial bulk fetch of a scored buffer (one request; by one trainer of a node
+        when they share the buffer, collective over them then)."""
+        if isinstance(self.buffer, ScoredBuffer) and (self.shared is None or self.shared.comm.rank == 0):
             slots, ids = self.buffer.initial_rows()
             rows, self.init_stats = self.store.gather(ids)
             self.buffer.features[slots] = rows
+        if self.shared is not None:
+            self.shared.comm.Barrier()
         return self.init_stats
 
     def assemble(self, input_nodes: np.ndarray, future: list[np.ndarray] = ()) -> tuple[np.ndarray, AssemblyStats]:
@@ -88,23 +95,29 @@ class FeatureAssembler:
         def decide(hits, misses, candidates):
             return self.policy.wants_replacement(MinibatchView(self.counter, hits, misses, candidates))
 
-        st = buf.step(nodes, decide)
+        shared = self.shared is not None
+        x = np.empty((nodes.size, self.store.dim), dtype=np.float32)
+        with self.lock():  # a shared buffer: the hits are copied before anyone changes a slot
+            st = buf.step(nodes, decide, pending=shared)
+            x[st.hit] = buf.features[st.slots]
         t0 = time.perf_counter()
         hit, rep = st.hit, st.replacement
-        x = np.empty((nodes.size, self.store.dim), dtype=np.float32)
-        x[hit] = buf.features[st.slots]
         missed = nodes[~hit]
         refill_ids = rep.inserted if rep is not None else np.zeros(0, dtype=np.int64)
         if self.settings.compat or refill_ids.size == 0:  # the reference's merged request: refills, then misses
             rows, fetch = self.store.gather(np.concatenate([refill_ids, missed]))
             x[~hit] = rows[refill_ids.size:]
-            if refill_ids.size:
-                buf.features[rep.slots] = rows[:refill_ids.size]
+            refill_rows = rows[:refill_ids.size]
         else:  # one request too, but a refill that is also a miss is fetched once
             request, where = np.unique(np.concatenate([refill_ids, missed]), return_inverse=True)
             rows, fetch = self.store.gather(request)
-            buf.features[rep.slots] = rows[where[:refill_ids.size]]
+            refill_rows = rows[where[:refill_ids.size]]
             x[~hit] = rows[where[refill_ids.size:]]
+        if refill_ids.size and shared:
+            with self.lock():
+                buf.complete(rep, refill_rows)
+        elif refill_ids.size:
+            buf.features[rep.slots] = refill_rows
         self.counter += 1
         self.hit_total += int(hit.sum())
         self.miss_total += st.misses

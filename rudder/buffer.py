@@ -48,6 +48,7 @@ class Replacement:
     evicted: np.ndarray  # node IDs that left (sentinels included)
     inserted: np.ndarray  # node IDs that came in (their rows still to be fetched)
     candidates: int  # eviction candidates found (k = min(candidates, refill candidates))
+    tokens: np.ndarray  # what the slots hold right after the replacement (pending tokens, or the IDs)
 
 
 @dataclass
@@ -66,11 +67,21 @@ def eviction_threshold(alpha: float, delta: int) -> np.float32:
     return np.float32(round((1.0 - alpha) ** delta, 3))
 
 
+def _private(shape, dtype) -> np.ndarray:
+    return np.zeros(shape, dtype=dtype)
+
+
 class ScoredBuffer:
-    """MassiveGNN's buffer for one trainer. ``owned`` = [start, end) of the trainer's partition."""
+    """MassiveGNN's buffer for one trainer. ``owned`` = [start, end) of the trainer's partition.
+
+    Its state lives in arrays from ``alloc(shape, dtype)`` and is only ever updated in place, so
+    the trainers of a node can share one buffer in shared memory (``rudder.shared_memory``);
+    there, ``initialise`` is true on one of them, and a replacement leaves the refilled slots
+    *pending* (unmatchable) until their rows arrive (``complete``), so that no other trainer
+    reads a slot before its row is there."""
 
     def __init__(self, settings: BufferSettings, halo: np.ndarray, halo_in_degree: np.ndarray, owned: tuple[int, int],
-                 num_nodes: int, dim: int, rng: np.random.Generator):
+                 num_nodes: int, dim: int, rng: np.random.Generator, alloc=_private, initialise: bool = True):
         self.settings = s = settings
         order = np.argsort(halo, kind="stable")
         self.halo, halo_in_degree = np.asarray(halo, np.int64)[order], np.asarray(halo_in_degree)[order]
@@ -78,19 +89,27 @@ class ScoredBuffer:
         self.capacity = int(np.floor(s.fraction * self.halo.size))
         self.decay = np.float32(1.0 - s.alpha)
         self.threshold = eviction_threshold(s.alpha, s.delta)
-        # S_N: one float32 per admissible node (halo: by position in the sorted halo; remote: by ID)
-        self.miss_count = np.zeros(self.halo.size if s.scope == "halo" else num_nodes, dtype=np.float32)
         B = self.capacity
+        self.ids = alloc((B,), np.int64)
+        self.score = alloc((B,), np.float32)
+        self.features = alloc((B, dim), np.float32)
+        # S_N: one float32 per admissible node (halo: by position in the sorted halo; remote: by ID)
+        self.miss_count = alloc((self.halo.size if s.scope == "halo" else num_nodes,), np.float32)
+        self.pending = alloc((B,), np.int64)  # node ID awaited by a pending slot
+        self.state = alloc((2,), np.int64)  # [ids unsorted since the last replacement, pending tokens issued]
+        self.pending_base = num_nodes + B  # pending slots hold IDs from here: never a node, never an empty sentinel
+        if not initialise:
+            return
         if s.init == "degree":  # top-B halo nodes by global in-degree, ties by ID
             pick = np.argsort(-halo_in_degree, kind="stable")[:B]
-            self.ids = self.halo[np.sort(pick)]
+            self.ids[:] = self.halo[np.sort(pick)]
         elif s.init == "random":
-            self.ids = np.sort(rng.choice(self.halo, size=B, replace=False))
+            self.ids[:] = np.sort(rng.choice(self.halo, size=B, replace=False))
         else:  # empty: sentinel IDs that can never match a node
-            self.ids = np.arange(num_nodes, num_nodes + B, dtype=np.int64)
-        self.score = np.ones(B, dtype=np.float32)
-        self.features = np.zeros((B, dim), dtype=np.float32)
-        self.sorted = True
+            self.ids[:] = np.arange(num_nodes, num_nodes + B, dtype=np.int64)
+        self.score[:] = 1.0
+        self.miss_count[:] = 0
+        self.state[:] = 0
         idx, ok = self.admissible(self.ids)
         self.miss_count[idx[ok]] = -1
 
@@ -112,10 +131,11 @@ class ScoredBuffer:
 
     def lookup(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Decay, then find ``nodes`` (unique) in the buffer: (hit mask, slot of each hit)."""
-        if not self.sorted:
+        if self.state[0]:
             order = np.argsort(self.ids, kind="stable")
-            self.ids, self.score, self.features = self.ids[order], self.score[order], self.features[order]
-            self.sorted = True
+            self.ids[:], self.score[:], self.pending[:] = self.ids[order], self.score[order], self.pending[order]
+            self.features[:] = self.features[order]
+            self.state[0] = 0
         self.score *= self.decay
         if not self.capacity:
             return np.zeros(nodes.size, dtype=bool), np.zeros(0, dtype=np.int64)
@@ -131,7 +151,7 @@ class ScoredBuffer:
         np.add.at(self.miss_count, idx[ok], 1)  # nodes are unique, but stay safe
         return int(ok.sum())
 
-    def step(self, nodes: np.ndarray, decide) -> BufferStep:
+    def step(self, nodes: np.ndarray, decide, pending: bool = False) -> BufferStep:
         """One minibatch: lookup, the policy's decision ``decide(hits, misses, candidates)``,
         the miss counts (corrected or reference order) and the replacement if asked for."""
         t0 = time.perf_counter()
@@ -143,13 +163,13 @@ class ScoredBuffer:
         t1 = time.perf_counter()
         if not self.settings.compat or not (asked and candidates):  # the reference skips it then
             self.count_misses(missed)
-        rep = self.replace() if asked else None
+        rep = self.replace(pending) if asked else None
         return BufferStep(hit, slots, int(ok.sum()), candidates, asked, rep, t1 - t0, time.perf_counter() - t1)
 
     def eviction_candidates(self) -> np.ndarray:
         return np.flatnonzero(self.score < self.threshold)  # float32 compare, slot order
 
-    def replace(self) -> Replacement:
+    def replace(self, pending: bool = False) -> Replacement:
         cand = self.eviction_candidates()
         counts = self.miss_count
         wanted = np.flatnonzero(counts > 0)
@@ -158,19 +178,44 @@ class ScoredBuffer:
         slots, take = cand[:k], wanted[:k]
         inserted = self.halo[take] if self.settings.scope == "halo" else take.astype(np.int64)
         evicted = self.ids[slots].copy()
+        awaited = evicted >= self.pending_base  # a pending slot leaves before its row came
+        evicted[awaited] = self.pending[slots[awaited]]
         idx, ok = self.admissible(evicted)
         new_scores = counts[take].copy()
         counts[idx[ok]] = self.score[slots][ok]  # evicted: S_N := last S_E
         counts[take] = -1
         self.score[slots] = new_scores  # inserted: S_E := S_N
-        self.ids[slots] = inserted
+        if pending:
+            tokens = self.pending_base + self.state[1] + np.arange(k, dtype=np.int64)
+            self.state[1] += k
+            self.ids[slots], self.pending[slots] = tokens, inserted
+        else:
+            self.ids[slots] = inserted
         if k:
-            self.sorted = False
-        return Replacement(slots, evicted, inserted, int(cand.size))
+            self.state[0] = 1
+        return Replacement(slots, evicted, inserted, int(cand.size), self.ids[slots].copy())
+
+    def complete(self, rep: Replacement, rows: np.ndarray) -> int:
+        """Put the fetched rows of a pending replacement in place, found by their tokens (other
+        trainers may have re-sorted the slots meanwhile, or replaced some again: those are left
+        alone). Returns the slots completed."""
+        order = np.argsort(self.ids, kind="stable")
+        pos = np.minimum(np.searchsorted(self.ids[order], rep.tokens), max(self.capacity - 1, 0))
+        still = self.ids[order][pos] == rep.tokens
+        slots = order[pos[still]]
+        self.features[slots] = rows[still]
+        self.ids[slots] = rep.inserted[still]
+        if slots.size:
+            self.state[0] = 1
+        return int(slots.size)
 
     @property
     def occupancy(self) -> int:
         return int((self.ids < self.num_nodes).sum())
+
+    @property
+    def sorted(self) -> bool:
+        return not self.state[0]
 
 
 class WindowBuffer:

@@ -50,6 +50,7 @@ class TrainConfig:
     alpha: float = 0.05  # score decay per minibatch
     delta: int = 25  # eviction threshold round((1-alpha)^delta, 3); the fixed policy's period
     compat: str = "none"  # none | massivegnn: reproduce the reference code, quirks included
+    buffer_sharing: str = "trainer"  # trainer: a buffer per trainer; node: one per node, in shared memory
     lookahead: int = 4  # minibatches the lookahead policy samples ahead
     prefetch_depth: int = 1  # minibatches prepared ahead in a background thread (0 = no overlap)
     log_flush_seconds: float = 2.0
@@ -91,6 +92,11 @@ class TrainConfig:
         need(self.delta >= 1, "delta", "a positive number of minibatches")
         need(self.compat in ("none", "massivegnn"), "compat", "none or massivegnn")
         need(self.lookahead >= 1, "lookahead", "a positive number of minibatches")
+        need(self.buffer_sharing in ("trainer", "node"), "buffer_sharing", "trainer or node")
+        need(self.buffer_sharing == "trainer" or self.partition_mode == "node", "buffer_sharing",
+             "trainer, unless --partition-mode node (a node's trainers share one halo only then)")
+        need(self.buffer_sharing == "trainer" or POLICIES[self.policy].buffer_kind in ("scored", "none"), "buffer_sharing",
+             f"trainer with --policy {self.policy} (node sharing is for the scored buffer)")
         need(self.prefetch_depth >= 0, "prefetch_depth", "0 (no overlap) or more minibatches")
         return self
 
@@ -168,6 +174,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--alpha", type=float, help=f"score decay per minibatch (default {d.alpha})")
     ap.add_argument("--delta", type=int, help=f"eviction period in minibatches (default {d.delta})")
     ap.add_argument("--compat", help="none (default) or massivegnn: reproduce the reference code, quirks included")
+    ap.add_argument("--buffer-sharing", help="trainer (default): a buffer per trainer; node: the trainers of a node "
+                    "share one buffer in shared memory (needs --partition-mode node)")
     ap.add_argument("--lookahead", type=int, help=f"minibatches the lookahead policy samples ahead (default {d.lookahead})")
     ap.add_argument("--prefetch-depth", type=int, help="minibatches prepared ahead by a background thread (default 1)")
     ap.add_argument("--no-overlap", dest="prefetch_depth", action="store_const", const=0,

@@ -36,6 +36,7 @@ from rudder.pipeline import MinibatchPipeline
 from rudder.policies import make_policy
 from rudder.run_log import RunLog, log_path
 from rudder.sampler import Adjacency, NeighborSampler
+from rudder.shared_memory import NodeSharedArrays
 
 MINIBATCH_ROW = np.dtype([
     ("epoch", "i4"), ("step", "i4"), ("seeds", "i4"), ("input_nodes", "i8"),
@@ -126,8 +127,9 @@ class Trainer:
         self.policy = make_policy(cfg)
         settings = BufferSettings(cfg.buffer_fraction, cfg.buffer_init, cfg.alpha, cfg.delta, cfg.compat == "massivegnn",
                                   cfg.buffer_scope)
+        self.shared = NodeSharedArrays(layout.node_trainers) if cfg.buffer_sharing == "node" else None
         self.assembler = FeatureAssembler(self.features, self.policy, settings, part, meta.num_nodes,
-                                          np.random.default_rng([cfg.seed, 2, layout.trainer_rank]))
+                                          np.random.default_rng([cfg.seed, 2, layout.partition_id]), self.shared)
         fill = self.assembler.fill()
         if cfg.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
             torch.set_num_threads(layout.threads_per_rank - 1)
@@ -258,6 +260,8 @@ class Trainer:
     def close(self) -> None:
         """Collective over the trainers: stops the pipeline, frees the RMA windows."""
         self.pipeline.close()
+        if self.shared is not None:
+            self.shared.close()
         self.adjacency.close()
         self.features.close()
 

@@ -39,6 +39,12 @@ def test_paper_defaults_and_batch_rule():
     (["--data", "d", "--run-dir", "r", "--device", "tpu"], "--device"),
     (["--data", "d", "--run-dir", "r", "--partition-mode", "x"], "--partition-mode"),
     (["--data", "d", "--run-dir", "r", "--bogus"], "--bogus"),
+    (["--data", "d", "--run-dir", "r", "--policy", "lru"], "--policy"),
+    (["--data", "d", "--run-dir", "r", "--buffer-fraction", "2"], "--buffer-fraction"),
+    (["--data", "d", "--run-dir", "r", "--compat", "yes"], "--compat"),
+    (["--data", "d", "--run-dir", "r", "--buffer-sharing", "node"], "--partition-mode node"),
+    (["--data", "d", "--run-dir", "r", "--buffer-sharing", "node", "--partition-mode", "node", "--policy", "lookahead"],
+     "--buffer-sharing"),
 ])
 def test_bad_flags(argv, needle):
     with pytest.raises(ConfigError) as e:

@@ -65,3 +65,35 @@ def test_every_policy_on_cora(tmp_path):
 def test_every_policy_on_facebook(tmp_path):
     spec = shared_dataset("musae", "facebook")
     check_policies(spec, 2, tmp_path, ["--epochs", "2", "--batch-size", "1000"], runs=[RUNS[i] for i in (0, 2, 3, 5)])
+
+
+def test_node_shared_buffer(tmp_path):
+    """--buffer-sharing node: the two trainers of each (emulated) node share one buffer in shared
+    memory, filled once by one of them; training stays bit-identical to no buffer."""
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+
+    parts = str(tmp_path / "parts")
+    partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 2, parts, method="metis", seed=0)
+    tables, fills = {}, {}
+    for name, flags in (("none", []), ("shared", ["--policy", "fixed", "--delta", "1", "--buffer-sharing", "node"]),
+                        ("compat", ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node", "--compat",
+                                    "massivegnn", "--buffer-init", "random"])):
+        run = str(tmp_path / name)
+        proc = run_train(4, "--data", parts, "--run-dir", run, "--partition-mode", "node", "--epochs", "5",
+                         "--eval-every", "0", "--progress", "none", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        tables[name] = minibatch_tables(run)
+        fills[name] = []
+        for path in sorted(glob.glob(os.path.join(run, "rank-*.h5"))):
+            with h5py.File(path, "r", locking=False) as f:
+                import json
+
+                fills[name].append(json.loads(f.attrs["run"])["buffer_fill_rows"])
+    for name in ("shared", "compat"):
+        for ours, theirs in zip(tables[name], tables["none"]):
+            np.testing.assert_array_equal(ours["loss"], theirs["loss"])
+        assert all(t["hits"].sum() > 0 for t in tables[name])
+        assert sum(t["refills"].sum() for t in tables[name]) > 0
+        # ranks 0, 2 form node 0 and 1, 3 node 1 (round robin): one trainer per node filled it
+        assert fills[name][0] > 0 and fills[name][1] > 0 and fills[name][2] == 0 and fills[name][3] == 0
