@@ -16,7 +16,7 @@ import numpy as np
 
 from rudder.buffer import BufferSettings, ScoredBuffer, WindowBuffer
 from rudder.dist_array import ReadStats
-from rudder.policies import MinibatchView, Policy
+from rudder.policies import ASKERS, MinibatchView, Policy
 
 
 @dataclass
@@ -28,6 +28,7 @@ class AssemblyStats:
     evictions: int = 0
     candidates: int = 0  # eviction candidates when a replacement was asked for
     replaced: bool = False  # a replacement was asked for on this minibatch
+    asked_by: int = 0  # who asked (rudder.policies.ASKERS)
     occupancy: int = 0  # buffer slots holding a real row, after this minibatch
     hit_total: int = 0  # cumulative since the start (spec 1.10)
     miss_total: int = 0
@@ -122,8 +123,9 @@ class FeatureAssembler:
         self.hit_total += int(hit.sum())
         self.miss_total += st.misses
         k = rep.slots.size if rep is not None else 0
-        return x, AssemblyStats(fetch, int(hit.sum()), st.misses, k, k, st.candidates, st.asked, buf.occupancy,
-                                self.hit_total, self.miss_total, st.t_lookup, st.t_replace, time.perf_counter() - t0)
+        return x, AssemblyStats(fetch, int(hit.sum()), st.misses, k, k, st.candidates, st.asked,
+                                ASKERS[self.policy.asker] if st.asked else 0, buf.occupancy, self.hit_total,
+                                self.miss_total, st.t_lookup, st.t_replace, time.perf_counter() - t0)
 
     def _assemble_window(self, nodes: np.ndarray, future) -> tuple[np.ndarray, AssemblyStats]:
         buf = self.buffer
@@ -143,5 +145,5 @@ class FeatureAssembler:
         self.hit_total += int(hit.sum())
         self.miss_total += misses
         # Admitted rows were fetched as misses anyway: they cost no extra traffic (no refills).
-        return x, AssemblyStats(fetch, int(hit.sum()), misses, 0, admitted, 0, False, buf.occupancy,
+        return x, AssemblyStats(fetch, int(hit.sum()), misses, 0, admitted, 0, False, 0, buf.occupancy,
                                 self.hit_total, self.miss_total, t1 - t0, t3 - t2, t2 - t1)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICIES: dict[str, type["Policy"]] = {}
+# Who asked for a replacement, as logged per minibatch (``asked_by``); the agent issue adds its own.
+ASKERS = {"": 0, "timer": 1, "agent": 2, "classifier": 3}
 
 
 def register(name: str):
@@ -36,6 +38,7 @@ class MinibatchView:
 
 class Policy:
     name = "?"
+    asker = ""  # what ``asked_by`` records when this policy asks for a replacement
     buffer_kind = "scored"  # scored: MassiveGNN's buffer; window: Belady within a lookahead; none
     lookahead = 0  # minibatches the sampler must run ahead
 
@@ -58,6 +61,8 @@ class Static(Policy):
 
 @register("fixed")
 class Fixed(Policy):
+    asker = "timer"
+
     def wants_replacement(self, view: MinibatchView) -> bool:
         return view.counter % self.cfg.delta == 0
 

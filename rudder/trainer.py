@@ -47,7 +47,9 @@ MINIBATCH_ROW = np.dtype([
     ("adjacency_rows_rma", "i8"), ("adjacency_bytes_rma", "i8"),  # sampling's remote CSR reads
     # the prefetch buffer (zeros without one): spec 1.10's metrics
     ("hits", "i8"), ("misses", "i8"),  # cacheable inputs found / not found in the buffer
-    ("refills", "i8"), ("evictions", "i8"), ("candidates", "i8"), ("replaced", "i1"), ("occupancy", "i8"),
+    ("refills", "i8"), ("evictions", "i8"), ("candidates", "i8"), ("replaced", "i1"),
+    ("asked_by", "i1"),  # who asked for the replacement (rudder.policies.ASKERS)
+    ("occupancy", "i8"),
     ("comm_volume", "i8"),  # the paper's: misses + refills
     ("hit_percent", "i2"),  # cumulative integer %-hits, as the paper reports it
     ("hit_ratio", "f8"),  # cumulative exact ratio
@@ -192,7 +194,7 @@ class Trainer:
         row = (item.epoch, item.step, seeds.size, mb.input_nodes.size, remote.size, halo,
                fetch.rows_local, fetch.rows_shared, fetch.rows_remote, fetch.bytes_remote, fetch.owners_touched,
                mb.stats.rows_remote, mb.stats.bytes_remote,
-               a.hits, a.misses, a.refills, a.evictions, a.candidates, a.replaced, a.occupancy, a.comm_volume,
+               a.hits, a.misses, a.refills, a.evictions, a.candidates, a.replaced, a.asked_by, a.occupancy, a.comm_volume,
                a.hit_percent, a.hit_total / looked if looked else 0.0,
                item.t_sample, item.t_assemble, a.t_lookup, a.t_replace, fetch.seconds_remote + mb.stats.seconds_remote,
                waited, t3 - t2, t4 - t3, t5 - t4,

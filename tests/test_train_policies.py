@@ -51,6 +51,8 @@ def check_policies(spec, ranks, tmp_path, extra, runs=RUNS):
             assert all(t["hits"].sum() == 0 for t in tables)
             continue
         assert sum(int(t["hits"].sum()) for t in tables) > 0, runs[i]
+        asked = np.concatenate([t["asked_by"][t["replaced"] == 1] for t in tables])
+        assert (asked == (1 if policy == "fixed" else 0)).all() and (policy != "fixed" or asked.size)
         misses = sum(int((t["rows_rma"] - t["refills"]).sum()) for t in tables)
         assert misses < fetched[0], runs[i]  # demand traffic below no buffer
     return results
