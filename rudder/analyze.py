@@ -1,0 +1,345 @@
+"""Analyse the per-rank HDF5 logs of one or more runs.
+
+    python -m rudder.analyze RUN [RUN ...] [--baseline RUN] [--json] [--plots DIR]
+
+Per run: layout and config, training time and epoch times, the time breakdown, accuracy,
+remote traffic, the buffer's hits, refills and evictions, and, for runs recorded with
+``--trace``, the optimal bound: Belady's MIN replayed per rank on the recorded remote inputs
+with the run's capacity and admissible set, and the infinite-buffer bound. Several runs are
+compared side by side, each figure also as a ratio to ``--baseline``. ``--json`` prints one
+document instead of the tables (keys: ``SCHEMA`` below, listed in the README); ``--plots DIR``
+writes PNGs. Every figure is computed from the raw per-minibatch and per-epoch rows.
+
+A killed run (missing ranks, a rank still "running", an unreadable file) is summarised with
+warnings naming what is missing; a directory without logs or a log of another format is a
+one-line error.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rudder.run_log import FORMAT_NAME, FORMAT_VERSION
+
+TIMERS = ("t_sample", "t_fetch", "t_wait", "t_forward_backward", "t_allreduce", "t_update")
+
+
+class AnalysisError(Exception):
+    """A path that is not a run directory, or a log this version cannot read (one line)."""
+
+
+@dataclass
+class RankLog:
+    rank: int
+    path: str
+    status: str
+    error: str
+    config: dict
+    layout: dict
+    run: dict
+    minibatches: np.ndarray
+    epochs: np.ndarray
+    trace: list[np.ndarray] | None
+
+
+@dataclass
+class Run:
+    path: str
+    ranks: list[RankLog]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def config(self) -> dict:
+        return self.ranks[0].config
+
+
+def read_rank(path: str) -> RankLog:
+    import h5py
+
+    with h5py.File(path, "r", locking=False) as f:
+        a = f.attrs
+        if a.get("format") != FORMAT_NAME:
+            raise AnalysisError(f"{path}: not a Rudder run log (format {a.get('format')!r})")
+        if int(a.get("format_version", -1)) != FORMAT_VERSION:
+            raise AnalysisError(f"{path}: run log version {a.get('format_version')} is not supported "
+                                f"(this tool reads version {FORMAT_VERSION})")
+        trace = None
+        if "trace_remote_inputs" in f:
+            offsets, values = f["trace_remote_inputs/offsets"][()], f["trace_remote_inputs/values"][()]
+            trace = [values[offsets[i]:offsets[i + 1]] for i in range(offsets.size - 1)]
+        layout = json.loads(a["layout"])
+        return RankLog(layout["world_rank"], path, str(a["status"]), str(a["error"]), json.loads(a["config"]), layout,
+                       json.loads(a["run"]), f["minibatches"][()], f["epochs"][()], trace)
+
+
+def load_run(path: str) -> Run:
+    if not os.path.isdir(path):
+        raise AnalysisError(f"{path}: not a directory")
+    files = sorted(glob.glob(os.path.join(path, "rank-*.h5")))
+    if not files:
+        raise AnalysisError(f"{path}: no rank-NNNNN.h5 logs here (not a run directory of drivers/train.py)")
+    ranks, warnings = [], []
+    for p in files:
+        try:
+            ranks.append(read_rank(p))
+        except AnalysisError:
+            raise
+        except (OSError, KeyError, ValueError) as e:
+            warnings.append(f"{os.path.basename(p)}: unreadable, left out ({str(e).splitlines()[0][:120]})")
+    if not ranks:
+        raise AnalysisError(f"{path}: none of the {len(files)} rank logs is readable")
+    world = ranks[0].layout["world_size"]
+    missing = sorted(set(range(world)) - {r.rank for r in ranks})
+    if missing:
+        warnings.append(f"ranks {', '.join(map(str, missing))} of {world} missing: figures cover {len(ranks)} ranks")
+    for r in ranks:
+        if r.status != "completed":
+            warnings.append(f"rank {r.rank}: status {r.status}" + (f" ({r.error})" if r.error else
+                            " (the job was killed or is still running)"))
+    return Run(path, ranks, warnings)
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return float(np.mean(values)) if values else None
+
+
+def summarize(run: Run, data_dir: str | None = None) -> dict:
+    """Every figure of one run, from the raw rows (one dict, JSON-ready)."""
+    cfg, ranks = run.config, run.ranks
+    # Epochs every rank completed; epoch time = the slowest rank's.
+    complete = set.intersection(*(set(r.epochs["epoch"][r.epochs["complete"] == 1].tolist()) for r in ranks))
+    epochs = sorted(complete)
+    seconds = [max(float(r.epochs["seconds"][r.epochs["epoch"] == e][0]) for r in ranks) for e in epochs]
+
+    def per_epoch(column, ranks_op=np.sum):
+        """Per epoch: the column summed over each rank's minibatches, combined over ranks."""
+        return [float(ranks_op([r.minibatches[column][r.minibatches["epoch"] == e].sum() for r in ranks])) for e in epochs]
+
+    mb = np.concatenate([r.minibatches for r in ranks]) if ranks else None
+    hits, misses = int(mb["hits"].sum()), int(mb["misses"].sum())
+    last_eval = [r.epochs[~np.isnan(r.epochs["test_acc"])] for r in ranks]
+    evaluated = [e for e in last_eval if e.size]
+    remote_fetched = mb["input_remote"] - mb["hits"] + mb["refills"]
+    summary = {
+        "run": os.path.abspath(run.path),
+        "status": "completed" if all(r.status == "completed" for r in ranks) and not run.warnings else "incomplete",
+        "warnings": list(run.warnings),
+        "config": cfg,
+        "layout": {k: ranks[0].layout[k] for k in ("world_size", "num_nodes", "num_trainers", "partition_mode",
+                                                   "threads_per_rank")},
+        "ranks_read": len(ranks),
+        "epochs": {"count": len(epochs), "train_seconds": float(sum(seconds)),
+                   "mean_seconds": _mean(seconds), "median_seconds": float(np.median(seconds)) if seconds else None},
+        "time_breakdown": {t: _mean(per_epoch(t, np.mean)) for t in TIMERS},
+        "accuracy": {"val": float(evaluated[0]["val_acc"][-1]) if evaluated else None,
+                     "test": float(evaluated[0]["test_acc"][-1]) if evaluated else None},
+        "traffic": {"input_rows_per_epoch": _mean(per_epoch("input_nodes")),
+                    "remote_inputs_per_epoch": _mean(per_epoch("input_remote")),
+                    "remote_rows_fetched_per_epoch": _mean([
+                        float(sum((r.minibatches["input_remote"] - r.minibatches["hits"] + r.minibatches["refills"])
+                                  [r.minibatches["epoch"] == e].sum() for r in ranks)) for e in epochs]),
+                    "rma_bytes_per_epoch": _mean(per_epoch("bytes_rma"))},
+        "buffer": {"policy": cfg.get("policy", "none"), "capacity": int(sum(r.run.get("buffer_capacity", 0) for r in ranks)),
+                   "hits": hits, "misses": misses, "hit_percent": 100.0 * hits / (hits + misses) if hits + misses else 0.0,
+                   "refills": int(mb["refills"].sum()), "evictions": int(mb["evictions"].sum()),
+                   "replacements": int(((mb["replaced"] == 1) & (mb["refills"] > 0)).sum()),
+                   "comm_volume": int(mb["comm_volume"].sum()),
+                   "hit_percent_by_epoch": [100.0 * h / t if t else 0.0 for h, t in
+                                            zip(per_epoch("hits"), (a + b for a, b in zip(per_epoch("hits"), per_epoch("misses"))))]},
+        "bound": optimal_bound(run, data_dir, int(remote_fetched.sum())),
+        "decisions": None,  # agent runs (the agent issue)
+    }
+    return summary
+
+
+def optimal_bound(run: Run, data_dir: str | None, achieved: int) -> dict | None:
+    """Belady MIN and the infinite buffer on the recorded trace, per rank, with the run's
+    capacity and admissible set; None without a trace."""
+    from rudder.partition_store import PartitionFormatError, PartitionMeta, read_partition
+    from rudder.replay import belady_min
+
+    if any(r.trace is None for r in run.ranks):
+        return None
+    cfg = run.config
+    data_dir = data_dir or cfg["data"]
+    try:
+        meta = PartitionMeta.load(data_dir)
+    except PartitionFormatError as e:
+        run.warnings.append(f"no optimal bound: the run's partitions are not readable ({e}); pass --data DIR")
+        return None
+    best = infinite = 0
+    for r in run.ranks:
+        if len(r.trace) != r.minibatches.size:
+            run.warnings.append(f"rank {r.rank}: trace has {len(r.trace)} minibatches, the log {r.minibatches.size}")
+        halo = np.sort(read_partition(data_dir, r.layout["partition_id"], meta, structure=False).halo_nodes)
+        admissible = None if cfg.get("buffer_scope") == "remote" else halo
+        capacity = r.run.get("buffer_capacity") or int(np.floor(cfg.get("buffer_fraction", 0.25) * halo.size))
+        best += belady_min(r.trace, admissible, capacity)["rows"]
+        infinite += belady_min(r.trace, admissible, 1 << 62)["rows"]
+    return {"achieved_rows": achieved, "min_rows": best, "infinite_rows": infinite,
+            "achieved_over_min": achieved / best if best else None}
+
+
+# -- output --------------------------------------------------------------------------------------
+FIGURES = [  # (label, path into the summary, format[, scale]); text figures get no ratio
+    ("status", ("status",), "{}"),
+    ("ranks read", ("ranks_read",), "{} "),
+    ("policy", ("buffer", "policy"), "{}"),
+    ("epochs", ("epochs", "count"), "{} "),
+    ("training time s", ("epochs", "train_seconds"), "{:.3f}"),
+    ("epoch mean s", ("epochs", "mean_seconds"), "{:.3f}"),
+    ("epoch median s", ("epochs", "median_seconds"), "{:.3f}"),
+    ("sample s/epoch", ("time_breakdown", "t_sample"), "{:.3f}"),
+    ("fetch s/epoch", ("time_breakdown", "t_fetch"), "{:.3f}"),
+    ("wait s/epoch", ("time_breakdown", "t_wait"), "{:.3f}"),
+    ("compute s/epoch", ("time_breakdown", "t_forward_backward"), "{:.3f}"),
+    ("allreduce s/epoch", ("time_breakdown", "t_allreduce"), "{:.3f}"),
+    ("val accuracy", ("accuracy", "val"), "{:.4f}"),
+    ("test accuracy", ("accuracy", "test"), "{:.4f}"),
+    ("remote inputs/epoch", ("traffic", "remote_inputs_per_epoch"), "{:,.0f}"),
+    ("remote rows fetched/epoch", ("traffic", "remote_rows_fetched_per_epoch"), "{:,.0f}"),
+    ("RMA MiB/epoch", ("traffic", "rma_bytes_per_epoch"), "{:.2f}", 2**-20),
+    ("hit %", ("buffer", "hit_percent"), "{:.1f}"),
+    ("refills", ("buffer", "refills"), "{:,}"),
+    ("evictions", ("buffer", "evictions"), "{:,}"),
+    ("communication volume", ("buffer", "comm_volume"), "{:,}"),
+    ("rows fetched (all)", ("bound", "achieved_rows"), "{:,}"),
+    ("Belady MIN rows", ("bound", "min_rows"), "{:,}"),
+    ("infinite-buffer rows", ("bound", "infinite_rows"), "{:,}"),
+    ("fetched / MIN", ("bound", "achieved_over_min"), "{:.3f}"),
+]
+
+
+def _get(summary: dict, path):
+    for key in path:
+        if not isinstance(summary, dict):
+            return None
+        summary = summary.get(key)
+    return summary
+
+
+def table(summaries: list[dict], baseline: dict | None) -> str:
+    names = [os.path.basename(s["run"].rstrip("/")) or s["run"] for s in summaries]
+    rows = [["figure", *names]]
+    for label, path, fmt, *scale in FIGURES:
+        cells = []
+        for s in summaries:
+            v = _get(s, path)
+            if v is None:
+                cells.append("-")
+                continue
+            shown = v * scale[0] if scale and isinstance(v, (int, float)) else v
+            cell = fmt.format(shown)
+            base = _get(baseline, path) if baseline is not None else None
+            if (isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(base, (int, float)) and base
+                    and not fmt.endswith(" ")):  # a trailing space marks counts that need no ratio
+                cell += f" ({v / base:.2f}x)"
+            cells.append(cell)
+        rows.append([label, *cells])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    for s in summaries:
+        for w in s["warnings"]:
+            lines.append(f"warning: {os.path.basename(s['run'].rstrip('/'))}: {w}")
+    if baseline is not None:
+        lines.append(f"(ratios: to baseline {baseline['run']})")
+    return "\n".join(lines)
+
+
+def plots(runs: list[Run], summaries: list[dict], directory: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    fig, (ax_hit, ax_comm) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    for run, s in zip(runs, summaries):
+        name = os.path.basename(s["run"])
+        steps = max(r.minibatches.size for r in run.ranks)
+        hit = np.nanmean([np.pad(r.minibatches["hit_ratio"].astype(float), (0, steps - r.minibatches.size),
+                                 constant_values=np.nan) for r in run.ranks], axis=0)
+        comm = np.nansum([np.pad((r.minibatches["input_remote"] - r.minibatches["hits"] + r.minibatches["refills"]).astype(float),
+                                 (0, steps - r.minibatches.size), constant_values=np.nan) for r in run.ranks], axis=0)
+        ax_hit.plot(100 * hit, label=name)
+        ax_comm.plot(comm, label=name)
+    ax_hit.set_ylabel("cumulative hit % (rank mean)")
+    ax_comm.set_ylabel("remote rows fetched (all ranks)")
+    ax_comm.set_xlabel("minibatch")
+    ax_hit.legend(fontsize="small")
+    path = os.path.join(directory, "hits_and_traffic.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    bottom = np.zeros(len(summaries))
+    for t in TIMERS:
+        values = np.array([s["time_breakdown"][t] or 0.0 for s in summaries])
+        ax.bar([os.path.basename(s["run"]) for s in summaries], values, bottom=bottom, label=t[2:])
+        bottom += values
+    ax.set_ylabel("seconds per epoch (rank mean; overlapped phases stack)")
+    ax.legend(fontsize="small")
+    path = os.path.join(directory, "time_breakdown.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+# The JSON document: {"runs": [summary, ...], "baseline": RUN or null}; a summary's keys:
+SCHEMA = {
+    "run": str, "status": str, "warnings": list, "config": dict, "layout": dict, "ranks_read": int,
+    "epochs": {"count": int, "train_seconds": float, "mean_seconds": (float, None), "median_seconds": (float, None)},
+    "time_breakdown": {t: (float, None) for t in TIMERS},
+    "accuracy": {"val": (float, None), "test": (float, None)},
+    "traffic": {"input_rows_per_epoch": (float, None), "remote_inputs_per_epoch": (float, None),
+                "remote_rows_fetched_per_epoch": (float, None), "rma_bytes_per_epoch": (float, None)},
+    "buffer": {"policy": str, "capacity": int, "hits": int, "misses": int, "hit_percent": float, "refills": int,
+               "evictions": int, "replacements": int, "comm_volume": int, "hit_percent_by_epoch": list},
+    "bound": ({"achieved_rows": int, "min_rows": int, "infinite_rows": int, "achieved_over_min": (float, None)}, None),
+    "decisions": (dict, None),
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rudder.analyze", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", metavar="RUN", help="run directories (--run-dir of drivers/train.py)")
+    ap.add_argument("--baseline", metavar="RUN", help="run every figure is also given as a ratio to")
+    ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    ap.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    ap.add_argument("--data", metavar="DIR", help="partition directory, if it moved since the runs")
+    a = ap.parse_args(argv)
+    try:
+        paths = list(dict.fromkeys(a.runs + ([a.baseline] if a.baseline else [])))
+        runs = {p: load_run(p) for p in paths}
+        summaries = {p: summarize(r, a.data) for p, r in runs.items()}
+    except AnalysisError as e:
+        print(f"python -m rudder.analyze: error: {e}", file=sys.stderr)
+        return 2
+    shown = [summaries[p] for p in a.runs]
+    baseline = summaries.get(a.baseline) if a.baseline else None
+    if a.plots:
+        for path in plots([runs[p] for p in a.runs], shown, a.plots):
+            print(f"wrote {path}", file=sys.stderr)
+    if a.json:
+        print(json.dumps({"runs": shown, "baseline": a.baseline and summaries[a.baseline]["run"]}, indent=1))
+    else:
+        print(table(shown, baseline))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""python -m rudder.analyze on logs of real small runs (Cora, 4 ranks, none and fixed, traced):
+figures equal those recomputed from the raw rows, the Belady bound is never above any run's
+traffic, killed runs still summarise, bad input is one line, JSON follows SCHEMA, plots exist."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import BUNDLED_CORA, REPO, run_train
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+
+    base = tmp_path_factory.mktemp("analyze")
+    parts = str(base / "parts")
+    partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 4, parts, method="metis", seed=0)
+    out = {}
+    for policy in ("none", "fixed"):
+        run = str(base / policy)
+        proc = run_train(4, "--data", parts, "--run-dir", run, "--policy", policy, "--delta", "2", "--epochs", "4",
+                         "--eval-every", "2", "--trace", "--progress", "none", env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[policy] = run
+    return out
+
+
+def analyze(*args):
+    return subprocess.run([sys.executable, "-m", "rudder.analyze", *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+
+
+def raw(run):
+    tables = []
+    for p in sorted(glob.glob(os.path.join(run, "rank-*.h5"))):
+        with h5py.File(p, "r", locking=False) as f:
+            tables.append((f["minibatches"][()], f["epochs"][()]))
+    return tables
+
+
+def test_figures_equal_the_raw_rows(runs):
+    from rudder.analyze import load_run, summarize
+
+    for policy, run in runs.items():
+        s = summarize(load_run(run))
+        tables = raw(run)
+        mb = np.concatenate([t[0] for t in tables])
+        seconds = np.max([t[1]["seconds"] for t in tables], axis=0)
+        assert s["epochs"]["count"] == 4 and s["status"] == "completed" and not s["warnings"]
+        assert s["epochs"]["train_seconds"] == pytest.approx(seconds.sum())
+        assert s["epochs"]["median_seconds"] == pytest.approx(np.median(seconds))
+        assert s["time_breakdown"]["t_fetch"] == pytest.approx(np.mean([t[0]["t_fetch"].sum() for t in tables]) / 4)
+        fetched = (mb["input_remote"] - mb["hits"] + mb["refills"]).sum()
+        assert s["traffic"]["remote_rows_fetched_per_epoch"] == pytest.approx(fetched / 4)
+        assert s["traffic"]["rma_bytes_per_epoch"] == pytest.approx(mb["bytes_rma"].sum() / 4)
+        assert (s["buffer"]["hits"], s["buffer"]["refills"], s["buffer"]["comm_volume"]) == (
+            mb["hits"].sum(), mb["refills"].sum(), mb["comm_volume"].sum())
+        assert s["accuracy"]["test"] == pytest.approx(float(tables[0][1]["test_acc"][-1]))
+        bound = s["bound"]
+        assert bound["achieved_rows"] == fetched
+        assert bound["infinite_rows"] <= bound["min_rows"] <= bound["achieved_rows"]  # MIN never above any policy
+        if policy == "fixed":
+            assert s["buffer"]["hits"] > 0 and s["buffer"]["refills"] > 0
+
+
+def test_table_json_and_plots(runs, tmp_path):
+    from rudder.analyze import SCHEMA
+
+    proc = analyze(runs["none"], runs["fixed"], "--baseline", runs["none"], "--plots", tmp_path / "plots")
+    assert proc.returncode == 0, proc.stderr
+    assert "Belady MIN rows" in proc.stdout and "fixed" in proc.stdout and "x)" in proc.stdout
+    for name in ("hits_and_traffic.png", "time_breakdown.png"):
+        path = tmp_path / "plots" / name
+        assert path.stat().st_size > 5000 and path.read_bytes()[:4] == b"\x89PNG"
+    proc = analyze(runs["none"], runs["fixed"], "--json")
+    doc = json.loads(proc.stdout)
+    assert set(doc) == {"runs", "baseline"} and len(doc["runs"]) == 2
+    for summary in doc["runs"]:
+        validate(summary, SCHEMA, "summary")
+
+
+def validate(value, schema, where):
+    if isinstance(schema, dict):
+        assert isinstance(value, dict) and set(value) == set(schema), (where, sorted(value), sorted(schema))
+        for key, sub in schema.items():
+            validate(value[key], sub, f"{where}.{key}")
+        return
+    options = schema if isinstance(schema, tuple) else (schema,)
+    for option in options:
+        if option is None and value is None:
+            return
+        if isinstance(option, dict) and isinstance(value, dict):
+            return validate(value, option, where)
+        if isinstance(option, type) and isinstance(value, option if option is not float else (int, float)):
+            return
+    raise AssertionError(f"{where}: {value!r} is not {schema}")
+
+
+def test_killed_run_still_summarises(runs, tmp_path):
+    run = tmp_path / "killed"
+    shutil.copytree(runs["fixed"], run)
+    os.remove(run / "rank-00003.h5")
+    with open(run / "rank-00002.h5", "r+b") as f:  # a file cut short mid-write
+        f.truncate(os.path.getsize(run / "rank-00002.h5") // 3)
+    with h5py.File(run / "rank-00001.h5", "a") as f:
+        f.attrs["status"] = "running"
+    proc = analyze(run)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "ranks 2, 3 of 4 missing" in proc.stdout and "rank-00002.h5: unreadable" in proc.stdout
+    assert "rank 1: status running" in proc.stdout and "incomplete" in proc.stdout
+
+
+def test_bad_input_is_one_line(runs, tmp_path):
+    for args, needle in (([tmp_path / "nope"], "not a directory"), ([tmp_path], "no rank-NNNNN.h5 logs")):
+        proc = analyze(*args)
+        assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    run = tmp_path / "future"
+    shutil.copytree(runs["none"], run)
+    with h5py.File(run / "rank-00000.h5", "a") as f:
+        f.attrs["format_version"] = 9
+    proc = analyze(run)
+    assert proc.returncode == 2 and "version 9 is not supported" in proc.stderr and "Traceback" not in proc.stderr
