@@ -22,6 +22,7 @@ sys.path.insert(0, REPO)
 from rudder.config import ConfigError, parse_config  # noqa: E402
 from rudder.layout import LayoutError, build_layout, exposer_table  # noqa: E402
 from rudder.partition_store import PartitionFormatError, PartitionMeta, sha256_file  # noqa: E402
+from rudder.policies import POLICIES  # noqa: E402
 from rudder.runtime import StopRequest, abort_job, agree_on_error  # noqa: E402
 
 
@@ -50,6 +51,8 @@ def prepare_run_dir(cfg) -> None:
 
 def verify_own_partition(cfg, layout, meta) -> None:
     """Each partition's exposing rank checks its file against the metadata checksum."""
+    if layout.is_agent:
+        return
     exposer = exposer_table(layout, meta.num_parts)
     if cfg.verify_data and exposer[layout.partition_id] == layout.trainer_rank:
         info = meta.parts[layout.partition_id]
@@ -89,7 +92,8 @@ def start_up(world, argv):
         state["cfg"], error = checked(world, lambda: parse_config(argv))
     steps = [
         ("meta", lambda: PartitionMeta.load(state["cfg"].data), "--data "),
-        ("layout", lambda: build_layout(state["meta"].num_parts, partition_mode=state["cfg"].partition_mode), ""),
+        ("layout", lambda: build_layout(state["meta"].num_parts, partition_mode=state["cfg"].partition_mode,
+                                        agent_per_node=POLICIES[state["cfg"].policy].needs_agent), ""),
         (None, lambda: share_cores(state["layout"]), ""),
         (None, lambda: check_device(state["cfg"]), ""),
         (None, lambda: verify_own_partition(state["cfg"], state["layout"], state["meta"]), ""),
@@ -121,6 +125,15 @@ def main(argv=None) -> int:
 
     from rudder.progress import Progress, format_summary
     from rudder.trainer import Trainer
+
+    if layout.is_agent:  # this node's agent: serve the trainers' decisions, then leave
+        from rudder.agent import run_agent
+
+        try:
+            run_agent(cfg, layout, meta)
+        except Exception as e:
+            abort_job(e)
+        return 0
 
     trainer = None
     stop = StopRequest(lambda why: abort_job(None, why, log=trainer.log if trainer else None, code=130)).install()

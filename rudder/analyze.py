@@ -44,16 +44,20 @@ class RankLog:
     config: dict
     layout: dict
     run: dict
-    minibatches: np.ndarray
-    epochs: np.ndarray
+    minibatches: np.ndarray | None  # trainers
+    epochs: np.ndarray | None
     trace: list[np.ndarray] | None
+    role: str = "trainer"
+    decisions: np.ndarray | None = None  # agents
+    outcomes: np.ndarray | None = None
 
 
 @dataclass
 class Run:
     path: str
-    ranks: list[RankLog]
+    ranks: list[RankLog]  # trainers
     warnings: list[str] = field(default_factory=list)
+    agents: list[RankLog] = field(default_factory=list)
 
     @property
     def config(self) -> dict:
@@ -70,6 +74,10 @@ def read_rank(path: str) -> RankLog:
         if int(a.get("format_version", -1)) != FORMAT_VERSION:
             raise AnalysisError(f"{path}: run log version {a.get('format_version')} is not supported "
                                 f"(this tool reads version {FORMAT_VERSION})")
+        layout = json.loads(a["layout"])
+        if a.get("role", "trainer") == "agent":
+            return RankLog(layout["world_rank"], path, str(a["status"]), str(a["error"]), json.loads(a["config"]), layout,
+                           json.loads(a["run"]), None, None, None, "agent", f["decisions"][()], f["outcomes"][()])
         trace = None
         if "trace_remote_inputs" in f:
             offsets, values = f["trace_remote_inputs/offsets"][()], f["trace_remote_inputs/values"][()]
@@ -93,17 +101,19 @@ def load_run(path: str) -> Run:
             raise
         except (OSError, KeyError, ValueError) as e:
             warnings.append(f"{os.path.basename(p)}: unreadable, left out ({str(e).splitlines()[0][:120]})")
+    agents = [r for r in ranks if r.role == "agent"]
+    ranks = [r for r in ranks if r.role != "agent"]
     if not ranks:
-        raise AnalysisError(f"{path}: none of the {len(files)} rank logs is readable")
+        raise AnalysisError(f"{path}: none of the {len(files)} rank logs is a readable trainer log")
     world = ranks[0].layout["world_size"]
-    missing = sorted(set(range(world)) - {r.rank for r in ranks})
+    missing = sorted(set(range(world)) - {r.rank for r in ranks + agents})
     if missing:
         warnings.append(f"ranks {', '.join(map(str, missing))} of {world} missing: figures cover {len(ranks)} ranks")
-    for r in ranks:
+    for r in sorted(ranks + agents, key=lambda r: r.rank):
         if r.status != "completed":
             warnings.append(f"rank {r.rank}: status {r.status}" + (f" ({r.error})" if r.error else
                             " (the job was killed or is still running)"))
-    return Run(path, ranks, warnings)
+    return Run(path, ranks, warnings, agents)
 
 
 def _mean(values) -> float | None:
@@ -155,9 +165,49 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
                    "hit_percent_by_epoch": [100.0 * h / t if t else 0.0 for h, t in
                                             zip(per_epoch("hits"), (a + b for a, b in zip(per_epoch("hits"), per_epoch("misses"))))]},
         "bound": optimal_bound(run, data_dir, int(remote_fetched.sum())),
-        "decisions": None,  # agent runs (the agent issue)
+        "decisions": decision_quality(run) if run.agents else None,
     }
     return summary
+
+
+def _accuracy(correct: int, n: int) -> dict:
+    """Share correct with the evaluation scripts' 95% binomial interval, p +- 1.96 sqrt(p(1-p)/n)."""
+    if not n:
+        return {"value": None, "ci95": None, "n": 0}
+    p = correct / n
+    return {"value": p, "ci95": 1.96 * math.sqrt(p * (1 - p) / n), "n": n}
+
+
+def decision_quality(run: Run) -> dict:
+    """The agents' decisions (spec 2.9): counts, fallbacks, latency, gaps, and Pass@1: whether
+    each predicted direction of hit rate (and comm volume) matches the sign of its change by the
+    trainer's next decision."""
+    d = np.concatenate([a.decisions for a in run.agents])
+    o = np.concatenate([a.outcomes for a in run.agents])
+    valid = d[d["fallback"] == 0]
+    sign = {1: 1, 2: -1, 0: 0}  # IMPACTS: stagnant, increase, decrease
+    scores = {"hitrate": [0, 0], "comm_volume": [0, 0]}
+    intervals = []
+    for trainer in np.unique(valid["trainer"]):
+        mine = np.sort(valid[valid["trainer"] == trainer], order="request")
+        intervals += np.diff(mine["minibatch"]).tolist()
+        for metric, impact in (("hitrate", "hitrate_impact"), ("comm_volume", "comm_impact")):
+            realised = np.sign(np.diff(mine[metric].astype(np.float64)))
+            predicted = np.array([sign[int(i)] for i in mine[impact][:-1]])
+            scores[metric][0] += int((predicted == realised).sum())
+            scores[metric][1] += int(realised.size)
+    requested = {(int(t), int(r)): int(m) for t, r, m in zip(d["trainer"], d["request"], d["minibatch"])}
+    gaps = [int(a) - requested[(int(t), int(r))] for t, r, a in zip(o["trainer"], o["request"], o["applied_minibatch"])
+            if (int(t), int(r)) in requested]
+    latency = d["latency"].astype(np.float64)
+    return {"decider": run.agents[0].run.get("decider", "?"), "count": int(d.size),
+            "evict": int((d["decision"] == 1).sum()), "keep": int((d["decision"] == 0).sum()),
+            "fallback_rate": float((d["fallback"] == 1).mean()) if d.size else 0.0,
+            "latency_mean": float(latency.mean()) if d.size else None,
+            "latency_p95": float(np.percentile(latency, 95)) if d.size else None,
+            "gap_mean": float(np.mean(gaps)) if gaps else None,
+            "interval_mean": float(np.mean(intervals)) if intervals else None,
+            "pass_at_1_hitrate": _accuracy(*scores["hitrate"]), "pass_at_1_comm": _accuracy(*scores["comm_volume"])}
 
 
 def optimal_bound(run: Run, data_dir: str | None, achieved: int) -> dict | None:
@@ -215,6 +265,14 @@ FIGURES = [  # (label, path into the summary, format[, scale]); text figures get
     ("Belady MIN rows", ("bound", "min_rows"), "{:,}"),
     ("infinite-buffer rows", ("bound", "infinite_rows"), "{:,}"),
     ("fetched / MIN", ("bound", "achieved_over_min"), "{:.3f}"),
+    ("decisions", ("decisions", "count"), "{} "),
+    ("evict decisions", ("decisions", "evict"), "{} "),
+    ("fallback rate", ("decisions", "fallback_rate"), "{:.3f}"),
+    ("decision latency s", ("decisions", "latency_mean"), "{:.4f}"),
+    ("latency p95 s", ("decisions", "latency_p95"), "{:.4f}"),
+    ("request-to-apply gap", ("decisions", "gap_mean"), "{:.2f}"),
+    ("Pass@1 hit rate", ("decisions", "pass_at_1_hitrate", "value"), "{:.3f}"),
+    ("Pass@1 comm", ("decisions", "pass_at_1_comm", "value"), "{:.3f}"),
 ]
 
 
@@ -295,6 +353,26 @@ def plots(runs: list[Run], summaries: list[dict], directory: str) -> list[str]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
+
+    agent_runs = [(run, s) for run, s in zip(runs, summaries) if run.agents]
+    if agent_runs:  # decision timeline: when each trainer was told what, and the hit rate it then saw
+        fig, axes = plt.subplots(len(agent_runs), 1, figsize=(9, 3 * len(agent_runs)), squeeze=False)
+        for ax, (run, s) in zip(axes[:, 0], agent_runs):
+            d = np.concatenate([a.decisions for a in run.agents])
+            for trainer in np.unique(d["trainer"]):
+                mine = np.sort(d[d["trainer"] == trainer], order="request")
+                line, = ax.plot(mine["minibatch"], mine["hitrate"], lw=0.8, label=f"trainer {trainer} hit %")
+                evict = mine["decision"] == 1
+                ax.scatter(mine["minibatch"][evict], mine["hitrate"][evict], marker="v", color=line.get_color())
+                ax.scatter(mine["minibatch"][~evict], mine["hitrate"][~evict], marker=".", color=line.get_color())
+            ax.set_title(f"{os.path.basename(s['run'])}: decisions (v evict, . keep) on the window hit rate", fontsize="small")
+            ax.set_xlabel("minibatch")
+            ax.legend(fontsize="x-small")
+        path = os.path.join(directory, "decisions.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
     return written
 
 
@@ -309,7 +387,11 @@ SCHEMA = {
     "buffer": {"policy": str, "capacity": int, "hits": int, "misses": int, "hit_percent": float, "refills": int,
                "evictions": int, "replacements": int, "comm_volume": int, "hit_percent_by_epoch": list},
     "bound": ({"achieved_rows": int, "min_rows": int, "infinite_rows": int, "achieved_over_min": (float, None)}, None),
-    "decisions": (dict, None),
+    "decisions": ({"decider": str, "count": int, "evict": int, "keep": int, "fallback_rate": float,
+                   "latency_mean": (float, None), "latency_p95": (float, None), "gap_mean": (float, None),
+                   "interval_mean": (float, None),
+                   "pass_at_1_hitrate": {"value": (float, None), "ci95": (float, None), "n": int},
+                   "pass_at_1_comm": {"value": (float, None), "ci95": (float, None), "n": int}}, None),
 }
 
 

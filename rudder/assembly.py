@@ -93,8 +93,13 @@ class FeatureAssembler:
     def _assemble_scored(self, nodes: np.ndarray) -> tuple[np.ndarray, AssemblyStats]:
         buf = self.buffer
 
+        views = []
+
         def decide(hits, misses, candidates):
-            return self.policy.wants_replacement(MinibatchView(self.counter, hits, misses, candidates))
+            total = self.hit_total + self.miss_total + hits + misses
+            percent = int(round(100 * (self.hit_total + hits) / total)) if total else 0
+            views.append(MinibatchView(self.counter, hits, misses, candidates, percent))
+            return self.policy.wants_replacement(views[0])
 
         shared = self.shared is not None
         x = np.empty((nodes.size, self.store.dim), dtype=np.float32)
@@ -119,10 +124,11 @@ class FeatureAssembler:
                 buf.complete(rep, refill_rows)
         elif refill_ids.size:
             buf.features[rep.slots] = refill_rows
+        k = rep.slots.size if rep is not None else 0
+        self.policy.observe(views[0], k)
         self.counter += 1
         self.hit_total += int(hit.sum())
         self.miss_total += st.misses
-        k = rep.slots.size if rep is not None else 0
         return x, AssemblyStats(fetch, int(hit.sum()), st.misses, k, k, st.candidates, st.asked,
                                 ASKERS[self.policy.asker] if st.asked else 0, buf.occupancy, self.hit_total,
                                 self.miss_total, st.t_lookup, st.t_replace, time.perf_counter() - t0)

@@ -43,7 +43,7 @@ class TrainConfig:
     partition_mode: str = "trainer"  # trainer: a partition per trainer; node: per node, shared
     trace: bool = False  # log each minibatch's remote input IDs (for offline replay)
     # The prefetch buffer and the policy that steers it (rudder.policies, rudder.buffer)
-    policy: str = "none"  # none | static | fixed | lookahead
+    policy: str = "none"  # none | static | fixed | lookahead | heuristic (agent rank per node)
     buffer_fraction: float = 0.25  # B = floor(f x |halo|)
     buffer_init: str = "degree"  # degree | random | empty
     buffer_scope: str = "halo"  # halo: 1-hop halo only (the paper); remote: any node owned elsewhere
@@ -52,6 +52,8 @@ class TrainConfig:
     compat: str = "none"  # none | massivegnn: reproduce the reference code, quirks included
     buffer_sharing: str = "trainer"  # trainer: a buffer per trainer; node: one per node, in shared memory
     lookahead: int = 4  # minibatches the lookahead policy samples ahead
+    agent_window: int = 1  # minibatches of metrics per agent request (the paper's runs: 1)
+    agent_delay: float = 0.0  # seconds the agent waits before each decision (a slow decision maker)
     prefetch_depth: int = 1  # minibatches prepared ahead in a background thread (0 = no overlap)
     log_flush_seconds: float = 2.0
     progress: str = "bar"  # bar | lines | none
@@ -92,6 +94,8 @@ class TrainConfig:
         need(self.delta >= 1, "delta", "a positive number of minibatches")
         need(self.compat in ("none", "massivegnn"), "compat", "none or massivegnn")
         need(self.lookahead >= 1, "lookahead", "a positive number of minibatches")
+        need(self.agent_window >= 1, "agent_window", "a positive number of minibatches")
+        need(self.agent_delay >= 0, "agent_delay", "a non-negative number of seconds")
         need(self.buffer_sharing in ("trainer", "node"), "buffer_sharing", "trainer or node")
         need(self.buffer_sharing == "trainer" or self.partition_mode == "node", "buffer_sharing",
              "trainer, unless --partition-mode node (a node's trainers share one halo only then)")
@@ -167,7 +171,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--partition-mode", help="trainer: one partition per trainer rank (default); node: one per node, "
                     "its trainers share it and split its training nodes")
     ap.add_argument("--trace", action="store_const", const=True, help="log every minibatch's remote input IDs (compressed)")
-    ap.add_argument("--policy", help="buffer policy: none (no buffer; default), static, fixed, lookahead")
+    ap.add_argument("--policy", help="buffer policy: none (no buffer; default), static, fixed, lookahead, heuristic "
+                    "(an agent rank per node decides; launch one extra rank per node)")
     ap.add_argument("--buffer-fraction", type=float, help=f"buffer size as a fraction of the halo (default {d.buffer_fraction})")
     ap.add_argument("--buffer-init", help="initial fill: degree (default), random, empty")
     ap.add_argument("--buffer-scope", help="halo (default): cache 1-hop halo rows only; remote: any remote row")
@@ -177,6 +182,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--buffer-sharing", help="trainer (default): a buffer per trainer; node: the trainers of a node "
                     "share one buffer in shared memory (needs --partition-mode node)")
     ap.add_argument("--lookahead", type=int, help=f"minibatches the lookahead policy samples ahead (default {d.lookahead})")
+    ap.add_argument("--agent-window", type=int, help="minibatches of metrics per agent request (default 1)")
+    ap.add_argument("--agent-delay", type=float, help="seconds the agent waits before each decision, to study "
+                    "slow decision makers (default 0)")
     ap.add_argument("--prefetch-depth", type=int, help="minibatches prepared ahead by a background thread (default 1)")
     ap.add_argument("--no-overlap", dest="prefetch_depth", action="store_const", const=0,
                     help="prepare each minibatch after the previous step (the DistDGL baseline's order)")

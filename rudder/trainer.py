@@ -133,6 +133,15 @@ class Trainer:
         self.assembler = FeatureAssembler(self.features, self.policy, settings, part, meta.num_nodes,
                                           np.random.default_rng([cfg.seed, 2, layout.partition_id]), self.shared)
         fill = self.assembler.fill()
+        if self.policy.needs_agent:
+            from rudder.agent import AgentLink
+
+            facts = {"world_rank": layout.world.rank, "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "partition": layout.trainer_rank,
+                     "num_parts": meta.num_parts, "batch_size": self.batch_size,
+                     "total_minibatches": self.steps_per_epoch * cfg.epochs, "halo": part.halo_nodes.size,
+                     "capacity": self.assembler.buffer.capacity}
+            self.policy.attach(AgentLink(layout, facts, cfg.agent_window), self.steps_per_epoch,
+                               self.steps_per_epoch * cfg.epochs)
         if cfg.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
             torch.set_num_threads(layout.threads_per_rank - 1)
         self.pipeline = MinibatchPipeline(self.schedule(), self.sampler, self.assembler, cfg.prefetch_depth,
@@ -149,7 +158,7 @@ class Trainer:
                 "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "feat_dim": meta.feat_dim,
                 "created": meta.created, "edge_hash": meta.edge_hash}
         self.log = RunLog(log_path(cfg.run_dir, layout.world.rank),
-                          {"config": cfg.to_json(), "versions": json.dumps(library_versions()),
+                          {"role": "trainer", "config": cfg.to_json(), "versions": json.dumps(library_versions()),
                            "layout": json.dumps(layout.describe()), "run": json.dumps(run), "data": json.dumps(data)},
                           {"minibatches": MINIBATCH_ROW, "epochs": EPOCH_ROW},
                           {"trace_remote_inputs": np.int64} if cfg.trace else None, flush_seconds=cfg.log_flush_seconds)
@@ -262,6 +271,7 @@ class Trainer:
     def close(self) -> None:
         """Collective over the trainers: stops the pipeline, frees the RMA windows."""
         self.pipeline.close()
+        self.policy.close()
         if self.shared is not None:
             self.shared.close()
         self.adjacency.close()

@@ -26,9 +26,9 @@ def runs(tmp_path_factory):
     parts = str(base / "parts")
     partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 4, parts, method="metis", seed=0)
     out = {}
-    for policy in ("none", "fixed"):
+    for policy, ranks in (("none", 4), ("fixed", 4), ("heuristic", 6)):  # heuristic: + an agent rank per node
         run = str(base / policy)
-        proc = run_train(4, "--data", parts, "--run-dir", run, "--policy", policy, "--delta", "2", "--epochs", "4",
+        proc = run_train(ranks, "--data", parts, "--run-dir", run, "--policy", policy, "--delta", "2", "--epochs", "4",
                          "--eval-every", "2", "--trace", "--progress", "none", env={"MPIR_CVAR_NUM_CLIQUES": "2"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[policy] = run
@@ -40,11 +40,14 @@ def analyze(*args):
                           cwd=REPO, timeout=300)
 
 
-def raw(run):
+def raw(run, role="trainer"):
     tables = []
     for p in sorted(glob.glob(os.path.join(run, "rank-*.h5"))):
         with h5py.File(p, "r", locking=False) as f:
-            tables.append((f["minibatches"][()], f["epochs"][()]))
+            if f.attrs["role"] == role == "trainer":
+                tables.append((f["minibatches"][()], f["epochs"][()]))
+            elif f.attrs["role"] == role == "agent":
+                tables.append((f["decisions"][()], f["outcomes"][()]))
     return tables
 
 
@@ -71,20 +74,29 @@ def test_figures_equal_the_raw_rows(runs):
         assert bound["infinite_rows"] <= bound["min_rows"] <= bound["achieved_rows"]  # MIN never above any policy
         if policy == "fixed":
             assert s["buffer"]["hits"] > 0 and s["buffer"]["refills"] > 0
+        if policy != "heuristic":
+            assert s["decisions"] is None
+            continue
+        decisions = np.concatenate([t[0] for t in raw(run, "agent")])
+        q = s["decisions"]
+        assert (q["count"], q["evict"]) == (decisions.size, int((decisions["decision"] == 1).sum())) and q["count"] > 0
+        assert q["latency_mean"] == pytest.approx(decisions["latency"].mean())
+        n = sum(int((decisions["trainer"] == t).sum()) - 1 for t in np.unique(decisions["trainer"]))
+        assert q["pass_at_1_hitrate"]["n"] == n and 0 <= (q["pass_at_1_hitrate"]["value"] or 0) <= 1
 
 
 def test_table_json_and_plots(runs, tmp_path):
     from rudder.analyze import SCHEMA
 
-    proc = analyze(runs["none"], runs["fixed"], "--baseline", runs["none"], "--plots", tmp_path / "plots")
+    proc = analyze(runs["none"], runs["fixed"], runs["heuristic"], "--baseline", runs["none"], "--plots", tmp_path / "plots")
     assert proc.returncode == 0, proc.stderr
-    assert "Belady MIN rows" in proc.stdout and "fixed" in proc.stdout and "x)" in proc.stdout
-    for name in ("hits_and_traffic.png", "time_breakdown.png"):
+    assert "Belady MIN rows" in proc.stdout and "fixed" in proc.stdout and "x)" in proc.stdout and "Pass@1" in proc.stdout
+    for name in ("hits_and_traffic.png", "time_breakdown.png", "decisions.png"):
         path = tmp_path / "plots" / name
         assert path.stat().st_size > 5000 and path.read_bytes()[:4] == b"\x89PNG"
-    proc = analyze(runs["none"], runs["fixed"], "--json")
+    proc = analyze(runs["none"], runs["fixed"], runs["heuristic"], "--json")
     doc = json.loads(proc.stdout)
-    assert set(doc) == {"runs", "baseline"} and len(doc["runs"]) == 2
+    assert set(doc) == {"runs", "baseline"} and len(doc["runs"]) == 3 and doc["runs"][2]["decisions"]
     for summary in doc["runs"]:
         validate(summary, SCHEMA, "summary")
 

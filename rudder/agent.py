@@ -1,0 +1,288 @@
+"""The Rudder agent: one dedicated rank per node decides, for each trainer of its node, whether
+the trainer's buffer should replace now.
+
+Protocol (point-to-point on the node communicator; the agent is the node's highest rank):
+
+* a trainer sends HELLO once (its static facts), then, whenever it has no decision outstanding
+  and a full window of fresh metrics, a REQUEST (``Isend``) and posts the ``Irecv`` for the
+  answer; every minibatch it ``Test``s that receive and never waits for it. At most one
+  decision is outstanding per trainer, and an answer is applied on the minibatch it is found
+  (spec 2.5). Metrics gathered while a decision was outstanding are stale and dropped, and a
+  minibatch that acted on "evict" sends nothing. The reference's race (its worker could
+  publish before pausing) cannot happen: a request is only sent after the previous answer was
+  consumed.
+* each REQUEST also reports how the trainer's previous decision played out (applied on which
+  minibatch, rows evicted, or skipped for lack of candidates), which the agent turns into the
+  self-reflection history (spec 2.4: the last 5 records with before/after deltas).
+* BYE ends a trainer; the agent answers everything it received first (messages from one
+  trainer are processed in order) and exits when all its trainers said BYE.
+
+Point-to-point rather than nonblocking collectives: trainers reach their windows at different
+moments and must never wait for one another or for the agent, and an ``Igather`` completes only
+when every member of the node has joined it.
+
+Decision makers are a registry (``DECIDERS``), one class each; this module has ``heuristic``.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TAG_TO_AGENT, TAG_TO_TRAINER = 71, 72
+HELLO, REQUEST, BYE = 0, 1, 2
+KEEP, EVICT = 0, 1
+IMPACTS = ("stagnant", "increase", "decrease")
+# REQUEST payload (float64): kind, request id, minibatch counter, epoch, step, remaining minibatches,
+# window hit rate (mean cumulative integer %-hits), window comm volume (mean admissible misses),
+# then the previous decision's outcome: its request id, minibatch applied (-1 none), rows evicted,
+# eviction candidates at that minibatch.
+REQUEST_FIELDS = ("kind", "request", "counter", "epoch", "step", "remaining", "hitrate", "comm_volume",
+                  "prev_request", "prev_applied", "prev_evicted", "prev_candidates")
+HELLO_FIELDS = ("kind", "world_rank", "num_nodes", "num_edges", "partition", "num_parts", "batch_size",
+                "total_minibatches", "halo", "capacity")
+# DECISION payload: request id, decision (KEEP/EVICT), predicted hit-rate and comm impact (IMPACTS index),
+# latency seconds, fallback (1 if a fallback decision was used)
+DECISION_FIELDS = ("request", "decision", "hitrate_impact", "comm_impact", "latency", "fallback")
+
+
+@dataclass
+class Decision:
+    decision: int  # KEEP or EVICT
+    hitrate_impact: str = "stagnant"
+    comm_impact: str = "stagnant"
+    explanation: str = ""
+    raw: str = ""  # the decision maker's own output (prompt answer, features...)
+    prompt: str = ""
+    fallback_reason: str = ""
+
+
+@dataclass
+class TrainerContext:
+    """What the agent knows of one trainer: static facts, latest window, the last 5 outcomes."""
+    facts: dict
+    latest: dict = field(default_factory=dict)
+    history: deque = field(default_factory=lambda: deque(maxlen=5))
+    pending: dict | None = None  # the decision sent last, with the metrics it was made on
+
+
+# -- decision makers -----------------------------------------------------------------------------
+DECIDERS: dict[str, type["Decider"]] = {}
+
+
+def register_decider(name: str):
+    def add(cls):
+        cls.name = name
+        DECIDERS[name] = cls
+        return cls
+    return add
+
+
+class Decider:
+    name = "?"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def decide(self, ctx: TrainerContext) -> Decision:
+        raise NotImplementedError
+
+
+@register_decider("heuristic")
+class Heuristic(Decider):
+    """The rules of the paper's system prompt, applied transparently (an honest non-LLM
+    baseline): evict when nothing hits yet, or when the hit rate fell or traffic rose since the
+    last window; keep when the last eviction found no candidates, when the last two evictions
+    changed nothing, when the hit rate is rising on its own, or with under 5% of training left."""
+
+    def decide(self, ctx: TrainerContext) -> Decision:
+        m, facts, past = ctx.latest, ctx.facts, list(ctx.history)
+        previous = past[-1] if past else None
+        if m["remaining"] < 0.05 * facts["total_minibatches"]:
+            return Decision(KEEP, explanation="under 5% of training left")
+        if previous is not None and previous["status"] == "skipped":
+            return Decision(KEEP, explanation="the last eviction found no candidates")
+        evictions = [h for h in past if h["status"] in ("triggered", "skipped")][-2:]
+        if len(evictions) == 2 and all(h["evicted"] == 0 or abs(h["hitrate_delta"]) < 0.5 for h in evictions):
+            return Decision(KEEP, explanation="the last two evictions changed nothing")
+        if m["hitrate"] == 0:
+            return Decision(EVICT, "increase", "decrease", "no hits yet")
+        if previous is not None:
+            if previous["hitrate_delta"] < 0 or previous["comm_delta"] > 0:
+                return Decision(EVICT, "increase", "decrease", "hit rate fell or traffic rose")
+            if previous["status"] == "decision_no_evict" and previous["hitrate_delta"] > 0:
+                return Decision(KEEP, explanation="hit rate rising without eviction")
+        return Decision(KEEP, explanation="steady")
+
+
+def make_decider(cfg) -> Decider:
+    return DECIDERS[cfg.policy](cfg)
+
+
+# -- the trainer's side ----------------------------------------------------------------------------
+class AgentLink:
+    """A trainer's connection to its node's agent (used from the pipeline thread)."""
+
+    def __init__(self, layout, facts: dict, window: int):
+        from mpi4py import MPI
+
+        self.comm, self.agent = layout.node, layout.node.size - 1
+        self.window, self.metrics = window, []
+        self.next_id, self.outstanding, self.answer = 0, None, np.zeros(len(DECISION_FIELDS))
+        self.report = [-1.0, -1.0, 0.0, 0.0]  # the previous decision's outcome
+        self.sent: list = []
+        hello = np.array([HELLO] + [float(facts[k]) for k in HELLO_FIELDS[1:]])
+        self._send(hello)
+        self.MPI = MPI
+
+    def _send(self, payload: np.ndarray) -> None:
+        self.sent = [r for r in self.sent if not r.Test()]  # keep the buffers of sends in flight
+        self.sent.append(self.comm.Isend(payload, dest=self.agent, tag=TAG_TO_AGENT))  # holds the buffer
+
+    def poll(self) -> np.ndarray | None:
+        """The answer to the outstanding request, if it has arrived (never blocks)."""
+        if self.outstanding is None or not self.outstanding.Test():
+            return None
+        self.outstanding = None
+        return self.answer.copy()
+
+    def observe(self, metrics: dict) -> None:
+        self.metrics.append(metrics)
+
+    def drop_stale(self) -> None:
+        self.metrics.clear()
+
+    def maybe_request(self, counter: int, epoch: int, step: int, remaining: int) -> bool:
+        if self.outstanding is not None or len(self.metrics) < self.window:
+            return False
+        window = self.metrics[-self.window:]
+        payload = np.array([REQUEST, self.next_id, counter, epoch, step, remaining,
+                            np.mean([m["hitrate"] for m in window]), np.mean([m["comm_volume"] for m in window]),
+                            *self.report], dtype=np.float64)
+        self.answer = np.zeros(len(DECISION_FIELDS))
+        self.outstanding = self.comm.Irecv(self.answer, source=self.agent, tag=TAG_TO_TRAINER)
+        self._send(payload)
+        self.next_id += 1
+        self.metrics.clear()
+        return True
+
+    def record_outcome(self, request: int, applied: int, evicted: int, candidates: int) -> None:
+        self.report = [float(request), float(applied), float(evicted), float(candidates)]
+
+    def close(self) -> None:
+        """Say BYE and collect the last answer (the agent answers everything before a BYE)."""
+        self._send(np.array([BYE] + [0.0] * (len(REQUEST_FIELDS) - 1)))
+        if self.outstanding is not None:
+            self.outstanding.Wait()
+        self.MPI.Request.Waitall(self.sent)
+
+
+# -- the agent's side ------------------------------------------------------------------------------
+DECISION_ROW = np.dtype([
+    ("trainer", "i4"),  # the trainer's world rank
+    ("request", "i4"), ("minibatch", "i8"),  # the trainer's request number, and the minibatch it was sent after
+    ("epoch", "i4"), ("remaining", "i8"),
+    ("hitrate", "f4"), ("comm_volume", "f4"), ("decision", "i1"), ("hitrate_impact", "i1"), ("comm_impact", "i1"),
+    ("latency", "f8"), ("fallback", "i1"),
+])
+OUTCOME_ROW = np.dtype([("trainer", "i4"), ("request", "i4"), ("applied_minibatch", "i8"), ("evicted", "i8"),
+                        ("candidates", "i8")])
+
+
+class AgentServer:
+    def __init__(self, layout, decider: Decider, log, delay: float = 0.0):
+        self.comm, self.decider, self.log, self.delay = layout.node, decider, log, delay
+        self.trainers = self.comm.size - 1  # every other rank of the node trains
+        self.contexts: dict[int, TrainerContext] = {}
+        self.decisions = 0
+
+    def serve(self) -> int:
+        from mpi4py import MPI
+
+        done, sends = 0, []
+        buf = np.zeros(max(len(REQUEST_FIELDS), len(HELLO_FIELDS)))
+        status = MPI.Status()
+        while done < self.trainers:
+            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_TO_AGENT, status=status):
+                time.sleep(0.0005)  # idle: leave the core to the node's trainers
+                continue
+            n = status.Get_count(MPI.DOUBLE)
+            self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=TAG_TO_AGENT)
+            trainer, kind = status.Get_source(), int(buf[0])
+            if kind == HELLO:
+                self.contexts[trainer] = TrainerContext(dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist())))
+            elif kind == BYE:
+                done += 1
+            else:
+                answer = self.answer(trainer, dict(zip(REQUEST_FIELDS, buf[:len(REQUEST_FIELDS)].tolist())))
+                sends = [r for r in sends if not r.Test()] + [self.comm.Isend(answer, dest=trainer, tag=TAG_TO_TRAINER)]
+            self.log.maybe_flush()
+        MPI.Request.Waitall(sends)
+        return self.decisions
+
+    def answer(self, trainer: int, req: dict) -> np.ndarray:
+        ctx = self.contexts[trainer]
+        self.reflect(trainer, ctx, req)
+        ctx.latest = {k: req[k] for k in ("counter", "epoch", "step", "remaining", "hitrate", "comm_volume")}
+        start = time.perf_counter()
+        if self.delay:  # --agent-delay: a deliberately slow decision maker (experiments, tests)
+            time.sleep(self.delay)
+        try:
+            d = self.decider.decide(ctx)
+        except Exception as e:  # a decision maker's failure must never stop training
+            d = Decision(KEEP, fallback_reason=f"{type(e).__name__}: {e}")
+        latency = time.perf_counter() - start
+        ctx.pending = {"request": int(req["request"]), "decision": d.decision, "hitrate": req["hitrate"],
+                       "comm_volume": req["comm_volume"]}
+        self.decisions += 1
+        self.log.append("decisions", (int(ctx.facts["world_rank"]), int(req["request"]), int(req["counter"]), int(req["epoch"]),
+                                      int(req["remaining"]), req["hitrate"], req["comm_volume"], d.decision,
+                                      IMPACTS.index(d.hitrate_impact), IMPACTS.index(d.comm_impact), latency,
+                                      bool(d.fallback_reason)))
+        for name, text in (("prompt", d.prompt), ("answer", d.raw or d.explanation), ("fallback_reason", d.fallback_reason)):
+            self.log.append_ragged(name, np.frombuffer(text.encode(), dtype=np.uint8))
+        return np.array([req["request"], d.decision, IMPACTS.index(d.hitrate_impact), IMPACTS.index(d.comm_impact),
+                         latency, float(bool(d.fallback_reason))])
+
+    def reflect(self, trainer: int, ctx: TrainerContext, req: dict) -> None:
+        """Turn the pending decision into a history record with before/after deltas (spec 2.4)."""
+        p = ctx.pending
+        if p is None:
+            return
+        applied = int(req["prev_request"]) == p["request"] and req["prev_applied"] >= 0
+        evicted = int(req["prev_evicted"]) if applied else 0
+        if p["decision"] == EVICT:
+            status = "triggered" if evicted else "skipped"
+        else:
+            status = "decision_no_evict"
+        ctx.history.append({"status": status, "evicted": evicted, "hitrate_delta": req["hitrate"] - p["hitrate"],
+                            "comm_delta": req["comm_volume"] - p["comm_volume"],
+                            "before": {"hitrate": p["hitrate"], "comm_volume": p["comm_volume"]}})
+        if applied:
+            self.log.append("outcomes", (int(ctx.facts["world_rank"]), p["request"], int(req["prev_applied"]), evicted,
+                                         int(req["prev_candidates"])))
+        ctx.pending = None
+
+
+def run_agent(cfg, layout, meta) -> int:
+    """An agent rank's whole job: serve its node's trainers until they all said BYE."""
+    import json
+
+    from rudder.run_log import RunLog, log_path
+    from rudder.trainer import library_versions
+
+    log = RunLog(log_path(cfg.run_dir, layout.world.rank),
+                 {"role": "agent", "config": cfg.to_json(), "versions": json.dumps(library_versions()),
+                  "layout": json.dumps(layout.describe()), "run": json.dumps({"decider": cfg.policy}),
+                  "data": json.dumps({"dir": cfg.data, "dataset": meta.dataset})},
+                 {"decisions": DECISION_ROW, "outcomes": OUTCOME_ROW},
+                 {"prompt": np.uint8, "answer": np.uint8, "fallback_reason": np.uint8}, flush_seconds=cfg.log_flush_seconds)
+    try:
+        decisions = AgentServer(layout, make_decider(cfg), log, cfg.agent_delay).serve()
+    except Exception as e:
+        log.close("failed", f"{type(e).__name__}: {e}")
+        raise
+    log.close("completed")
+    return decisions
