@@ -27,21 +27,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-FACEBOOK = os.path.join(REPO, "..", "shared", "data", "musae")
-
-
-def partition(spec: str, parts: int, out: str) -> str:
-    from partitioning.partition import partition_graph
-    from partitioning.sources import load_spec
-    from rudder.partition_store import PartitionFormatError, PartitionMeta
-
-    try:
-        if PartitionMeta.load(out).num_parts == parts:
-            return out
-    except PartitionFormatError:
-        pass
-    partition_graph(load_spec(spec), parts, out, method="metis", seed=0, force=True)
-    return out
+from bench.mpi_job import bench_datasets, cached_partition  # noqa: E402
 
 
 def run(parts_dir: str, ranks: int, run_dir: str, cliques: int, args) -> dict:
@@ -75,12 +61,7 @@ def main() -> int:
     ap.add_argument("--rmat-scale", type=int, default=15)
     ap.add_argument("--work", default=os.path.join(REPO, "runs", "bench-epoch"))
     a = ap.parse_args()
-    datasets = {}
-    if os.path.isfile(os.path.join(FACEBOOK, "facebook_edges.csv")):
-        datasets["facebook"] = f"musae:{FACEBOOK}:facebook"
-    else:
-        print(f"(Facebook Page-Page not at {FACEBOOK}: skipped)")
-    datasets[f"rmat{a.rmat_scale}"] = f"synthetic:rmat:scale={a.rmat_scale},edge_factor=16,feat_dim=256,classes=16,seed=1"
+    datasets = bench_datasets(a.rmat_scale, feat_dim=256)
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} cores, load {load:.2f} at start; {a.epochs} epochs, batch {a.batch_size}/trainer, "
           f"hidden {a.hidden}, fanouts 10,25")
@@ -88,7 +69,7 @@ def main() -> int:
           f"{'remote rows/ep':>15} {'RMA MiB/ep':>11} {'test acc':>9}")
     for name, spec in datasets.items():
         for ranks in (int(r) for r in a.ranks.split(",")):
-            parts = partition(spec, ranks, os.path.join(a.work, f"{name}-{ranks}"))
+            parts = cached_partition(spec, ranks, os.path.join(a.work, f"{name}-{ranks}"))
             for label, cliques in (("1 node", 1), (f"{ranks} nodes", ranks)):
                 t = time.time()
                 r = run(parts, ranks, os.path.join(a.work, f"run-{name}-{ranks}-{cliques}"), cliques, a)

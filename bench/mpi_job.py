@@ -26,3 +26,33 @@ def add_worker_flags(ap) -> None:
 
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
+
+
+FACEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "musae")
+
+
+def cached_partition(spec: str, parts: int, out: str) -> str:
+    """``spec`` partitioned into ``parts`` with METIS at ``out``, reused when already there."""
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+    from rudder.partition_store import PartitionFormatError, PartitionMeta
+
+    try:
+        if PartitionMeta.load(out).num_parts == parts:
+            return out
+    except PartitionFormatError:
+        pass
+    partition_graph(load_spec(spec), parts, out, method="metis", seed=0, force=True)
+    return out
+
+
+def bench_datasets(rmat_scale: int, feat_dim: int) -> dict:
+    """Facebook Page-Page when ../shared/data has it, and an RMAT graph: {name: input spec}."""
+    datasets = {}
+    if os.path.isfile(os.path.join(FACEBOOK, "facebook_edges.csv")):
+        datasets["facebook"] = f"musae:{FACEBOOK}:facebook"
+    else:
+        print(f"(Facebook Page-Page not at {FACEBOOK}: skipped)")
+    datasets[f"rmat{rmat_scale}"] = (f"synthetic:rmat:scale={rmat_scale},edge_factor=16,feat_dim={feat_dim},"
+                                     f"classes=16,seed=1")
+    return datasets

@@ -27,21 +27,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-FACEBOOK = os.path.join(REPO, "..", "shared", "data", "musae")
-
-
-def partition(spec: str, parts: int, out: str) -> str:
-    from partitioning.partition import partition_graph
-    from partitioning.sources import load_spec
-    from rudder.partition_store import PartitionFormatError, PartitionMeta
-
-    try:
-        if PartitionMeta.load(out).num_parts == parts:
-            return out
-    except PartitionFormatError:
-        pass
-    partition_graph(load_spec(spec), parts, out, method="metis", seed=0, force=True)
-    return out
+from bench.mpi_job import bench_datasets, cached_partition  # noqa: E402
 
 
 def train(parts: str, run: str, ranks: int, a, flags: list[str]) -> list[h5py.File]:
@@ -92,16 +78,11 @@ def main() -> int:
     ap.add_argument("--fractions", default="0.05,0.25")
     ap.add_argument("--work", default=os.path.join(REPO, "runs", "bench-policies"))
     a = ap.parse_args()
-    datasets = {}
-    if os.path.isfile(os.path.join(FACEBOOK, "facebook_edges.csv")):
-        datasets["facebook"] = f"musae:{FACEBOOK}:facebook"
-    else:
-        print(f"(Facebook Page-Page not at {FACEBOOK}: skipped)")
-    datasets[f"rmat{a.rmat_scale}"] = f"synthetic:rmat:scale={a.rmat_scale},edge_factor=16,feat_dim=128,classes=16,seed=1"
+    datasets = bench_datasets(a.rmat_scale, feat_dim=128)
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; {a.ranks} ranks (each its own node), {a.epochs} epochs, "
           f"batch {a.batch_size}/trainer; rows = remote rows fetched per epoch (all trainers), epochs 2..{a.epochs}")
     for name, spec in datasets.items():
-        parts = partition(spec, a.ranks, os.path.join(a.work, f"{name}-{a.ranks}"))
+        parts = cached_partition(spec, a.ranks, os.path.join(a.work, f"{name}-{a.ranks}"))
         t = time.time()
         base = {label: figures(train(parts, os.path.join(a.work, f"run-{name}-{label}"), a.ranks, a, flags))
                 for label, flags in (("none-serial", ["--no-overlap"]), ("none", []))}

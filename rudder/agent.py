@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rudder.registry import Registry
+
 TAG_TO_AGENT, TAG_TO_TRAINER = 71, 72
 HELLO, REQUEST, BYE = 0, 1, 2
 KEEP, EVICT = 0, 1
@@ -69,15 +71,8 @@ class TrainerContext:
 
 
 # -- decision makers -----------------------------------------------------------------------------
-DECIDERS: dict[str, type["Decider"]] = {}
-
-
-def register_decider(name: str):
-    def add(cls):
-        cls.name = name
-        DECIDERS[name] = cls
-        return cls
-    return add
+DECIDERS = Registry()
+register_decider = DECIDERS.register
 
 
 class Decider:

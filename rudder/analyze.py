@@ -312,6 +312,16 @@ def table(summaries: list[dict], baseline: dict | None) -> str:
     return "\n".join(lines)
 
 
+def _save(fig, directory: str, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    path = os.path.join(directory, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plots(runs: list[Run], summaries: list[dict], directory: str) -> list[str]:
     import matplotlib
 
@@ -334,11 +344,7 @@ def plots(runs: list[Run], summaries: list[dict], directory: str) -> list[str]:
     ax_comm.set_ylabel("remote rows fetched (all ranks)")
     ax_comm.set_xlabel("minibatch")
     ax_hit.legend(fontsize="small")
-    path = os.path.join(directory, "hits_and_traffic.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(fig, directory, "hits_and_traffic.png"))
 
     fig, ax = plt.subplots(figsize=(9, 4))
     bottom = np.zeros(len(summaries))
@@ -348,11 +354,7 @@ def plots(runs: list[Run], summaries: list[dict], directory: str) -> list[str]:
         bottom += values
     ax.set_ylabel("seconds per epoch (rank mean; overlapped phases stack)")
     ax.legend(fontsize="small")
-    path = os.path.join(directory, "time_breakdown.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(fig, directory, "time_breakdown.png"))
 
     agent_runs = [(run, s) for run, s in zip(runs, summaries) if run.agents]
     if agent_runs:  # decision timeline: when each trainer was told what, and the hit rate it then saw
@@ -368,11 +370,7 @@ def plots(runs: list[Run], summaries: list[dict], directory: str) -> list[str]:
             ax.set_title(f"{os.path.basename(s['run'])}: decisions (v evict, . keep) on the window hit rate", fontsize="small")
             ax.set_xlabel("minibatch")
             ax.legend(fontsize="x-small")
-        path = os.path.join(directory, "decisions.png")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, directory, "decisions.png"))
     return written
 
 

@@ -15,17 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-POLICIES: dict[str, type["Policy"]] = {}
+from rudder.registry import Registry
+
+POLICIES = Registry()
+register = POLICIES.register
 # Who asked for a replacement, as logged per minibatch (``asked_by``); the agent issue adds its own.
 ASKERS = {"": 0, "timer": 1, "agent": 2, "classifier": 3}
-
-
-def register(name: str):
-    def add(cls):
-        cls.name = name
-        POLICIES[name] = cls
-        return cls
-    return add
 
 
 @dataclass

@@ -8,7 +8,6 @@ import os
 
 import h5py
 import numpy as np
-import pytest
 
 from conftest import BUNDLED_CORA, run_train, shared_dataset
 
