@@ -67,6 +67,14 @@ def verify_own_partition(cfg, layout, meta) -> None:
 def check_device(cfg) -> None:
     import torch
 
+    if cfg.policy == "llm":  # the model must be there before anyone trains
+        from rudder.llm import ModelNotFound, resolve_model
+
+        try:
+            resolve_model(cfg.llm_model)
+        except ModelNotFound as e:
+            raise ConfigError(str(e)) from None
+
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: this rank sees no CUDA device (torch.cuda.is_available() is False; "
                           "a CPU build of torch, or no GPU allocated to the job)")

@@ -84,6 +84,9 @@ class Decider:
     def decide(self, ctx: TrainerContext) -> Decision:
         raise NotImplementedError
 
+    def close(self) -> None:
+        pass
+
 
 @register_decider("heuristic")
 class Heuristic(Decider):
@@ -112,7 +115,11 @@ class Heuristic(Decider):
         return Decision(KEEP, explanation="steady")
 
 
-def make_decider(cfg) -> Decider:
+def make_decider(cfg, threads: int = 1) -> Decider:
+    if cfg.policy == "llm":
+        import rudder.llm  # noqa: F401  (registers the llm decider)
+
+        return DECIDERS["llm"](cfg, threads)
     return DECIDERS[cfg.policy](cfg)
 
 
@@ -270,14 +277,26 @@ def run_agent(cfg, layout, meta) -> int:
 
     log = RunLog(log_path(cfg.run_dir, layout.world.rank),
                  {"role": "agent", "config": cfg.to_json(), "versions": json.dumps(library_versions()),
-                  "layout": json.dumps(layout.describe()), "run": json.dumps({"decider": cfg.policy}),
+                  "layout": json.dumps(layout.describe()),
+                  "run": json.dumps({"decider": cfg.policy, "prompt_version": _prompt_version(cfg)}),
                   "data": json.dumps({"dir": cfg.data, "dataset": meta.dataset})},
                  {"decisions": DECISION_ROW, "outcomes": OUTCOME_ROW},
                  {"prompt": np.uint8, "answer": np.uint8, "fallback_reason": np.uint8}, flush_seconds=cfg.log_flush_seconds)
+    decider = make_decider(cfg, layout.threads_per_rank)
     try:
-        decisions = AgentServer(layout, make_decider(cfg), log, cfg.agent_delay).serve()
+        decisions = AgentServer(layout, decider, log, cfg.agent_delay).serve()
     except Exception as e:
         log.close("failed", f"{type(e).__name__}: {e}")
         raise
+    finally:
+        decider.close()
     log.close("completed")
     return decisions
+
+
+def _prompt_version(cfg) -> int:
+    if cfg.policy != "llm":
+        return 0
+    from rudder.llm import PROMPT_VERSION
+
+    return PROMPT_VERSION

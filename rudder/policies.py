@@ -5,6 +5,7 @@ the buffer (``rudder.buffer``) does the how. A policy is one class and one ``@re
     static     fill once (by --buffer-init), never replace (MassiveGNN with delta = alpha = 0)
     fixed      replace every --delta minibatches, counted across epochs (MassiveGNN, "DistDGL+fixed")
     heuristic  ask the node's agent rank, which applies the paper's prompt rules (rudder.agent)
+    llm        ask the node's agent rank, where a small LLM decides in context (rudder.llm)
     lookahead  sample --lookahead W minibatches ahead and keep, of the buffer and this minibatch's
                fetched rows, those needed soonest within the window (Belady inside the window;
                the clairvoyant design point of RapidGNN/Ginex)
@@ -117,6 +118,11 @@ class AgentPolicy(Policy):
 
 @register("heuristic")
 class HeuristicAgent(AgentPolicy):
+    pass
+
+
+@register("llm")
+class LLMAgent(AgentPolicy):
     pass
 
 
