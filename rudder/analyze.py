@@ -148,7 +148,8 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
         "ranks_read": len(ranks),
         "epochs": {"count": len(epochs), "train_seconds": float(sum(seconds)),
                    "mean_seconds": _mean(seconds), "median_seconds": float(np.median(seconds)) if seconds else None},
-        "time_breakdown": {t: _mean(per_epoch(t, np.mean)) for t in TIMERS},
+        "time_breakdown": {**{t: _mean(per_epoch(t, np.mean)) for t in TIMERS},
+                           "agent": _agent_seconds(run, len(epochs))},
         "accuracy": {"val": float(evaluated[0]["val_acc"][-1]) if evaluated else None,
                      "test": float(evaluated[0]["test_acc"][-1]) if evaluated else None},
         "traffic": {"input_rows_per_epoch": _mean(per_epoch("input_nodes")),
@@ -168,6 +169,14 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
         "decisions": decision_quality(run) if run.agents else None,
     }
     return summary
+
+
+def _agent_seconds(run: Run, epochs: int) -> float | None:
+    """Decision time per trainer per epoch, spent on the agent ranks (not on the trainers' clock)."""
+    if not run.agents or not epochs:
+        return None
+    total = sum(float(a.decisions["latency"].sum()) for a in run.agents)
+    return total / len(run.ranks) / epochs
 
 
 def _accuracy(correct: int, n: int) -> dict:
@@ -252,6 +261,7 @@ FIGURES = [  # (label, path into the summary, format[, scale]); text figures get
     ("wait s/epoch", ("time_breakdown", "t_wait"), "{:.3f}"),
     ("compute s/epoch", ("time_breakdown", "t_forward_backward"), "{:.3f}"),
     ("allreduce s/epoch", ("time_breakdown", "t_allreduce"), "{:.3f}"),
+    ("agent s/epoch/trainer", ("time_breakdown", "agent"), "{:.3f}"),
     ("val accuracy", ("accuracy", "val"), "{:.4f}"),
     ("test accuracy", ("accuracy", "test"), "{:.4f}"),
     ("remote inputs/epoch", ("traffic", "remote_inputs_per_epoch"), "{:,.0f}"),
@@ -363,13 +373,17 @@ def plots(runs: list[Run], summaries: list[dict], directory: str) -> list[str]:
             d = np.concatenate([a.decisions for a in run.agents])
             for trainer in np.unique(d["trainer"]):
                 mine = np.sort(d[d["trainer"] == trainer], order="request")
-                line, = ax.plot(mine["minibatch"], mine["hitrate"], lw=0.8, label=f"trainer {trainer} hit %")
-                evict = mine["decision"] == 1
-                ax.scatter(mine["minibatch"][evict], mine["hitrate"][evict], marker="v", color=line.get_color())
-                ax.scatter(mine["minibatch"][~evict], mine["hitrate"][~evict], marker=".", color=line.get_color())
-            ax.set_title(f"{os.path.basename(s['run'])}: decisions (v evict, . keep) on the window hit rate", fontsize="small")
+                ax.plot(mine["minibatch"], mine["hitrate"], lw=0.8, color="0.6")
+                # predicted hit-rate direction vs the sign of its change by the next decision
+                realised = np.append(np.sign(np.diff(mine["hitrate"].astype(float))), np.nan)
+                predicted = np.array([{0: 0, 1: 1, 2: -1}[int(i)] for i in mine["hitrate_impact"]])
+                colour = np.where(np.isnan(realised), "0.5", np.where(predicted == realised, "tab:green", "tab:red"))
+                for marker, chosen in (("v", mine["decision"] == 1), ("o", mine["decision"] == 0)):
+                    ax.scatter(mine["minibatch"][chosen], mine["hitrate"][chosen], marker=marker, c=colour[chosen], s=18)
+            ax.set_title(f"{os.path.basename(s['run'])}: decisions (v evict, o keep) on the window hit rate; "
+                         "green: predicted hit-rate direction came true, red: it did not", fontsize="small")
+            ax.set_ylabel("hit %")
             ax.set_xlabel("minibatch")
-            ax.legend(fontsize="x-small")
         written.append(_save(fig, directory, "decisions.png"))
     return written
 
@@ -378,7 +392,7 @@ def plots(runs: list[Run], summaries: list[dict], directory: str) -> list[str]:
 SCHEMA = {
     "run": str, "status": str, "warnings": list, "config": dict, "layout": dict, "ranks_read": int,
     "epochs": {"count": int, "train_seconds": float, "mean_seconds": (float, None), "median_seconds": (float, None)},
-    "time_breakdown": {t: (float, None) for t in TIMERS},
+    "time_breakdown": {**{t: (float, None) for t in TIMERS}, "agent": (float, None)},
     "accuracy": {"val": (float, None), "test": (float, None)},
     "traffic": {"input_rows_per_epoch": (float, None), "remote_inputs_per_epoch": (float, None),
                 "remote_rows_fetched_per_epoch": (float, None), "rma_bytes_per_epoch": (float, None)},

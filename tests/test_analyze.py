@@ -81,6 +81,7 @@ def test_figures_equal_the_raw_rows(runs):
         q = s["decisions"]
         assert (q["count"], q["evict"]) == (decisions.size, int((decisions["decision"] == 1).sum())) and q["count"] > 0
         assert q["latency_mean"] == pytest.approx(decisions["latency"].mean())
+        assert s["time_breakdown"]["agent"] == pytest.approx(decisions["latency"].sum() / 4 / 4)  # 4 trainers, 4 epochs
         n = sum(int((decisions["trainer"] == t).sum()) - 1 for t in np.unique(decisions["trainer"]))
         assert q["pass_at_1_hitrate"]["n"] == n and 0 <= (q["pass_at_1_hitrate"]["value"] or 0) <= 1
 
