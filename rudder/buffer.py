@@ -67,6 +67,24 @@ def eviction_threshold(alpha: float, delta: int) -> np.float32:
     return np.float32(round((1.0 - alpha) ** delta, 3))
 
 
+def find_sorted(sorted_ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Position of each value in ``sorted_ids`` and whether it is there (binary search)."""
+    if not sorted_ids.size:
+        return np.zeros(values.size, dtype=np.int64), np.zeros(values.size, dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_ids, values), sorted_ids.size - 1)
+    return pos, sorted_ids[pos] == values
+
+
+def admissible(nodes: np.ndarray, halo: np.ndarray, owned: tuple[int, int], num_nodes: int, scope: str):
+    """Which ``nodes`` a buffer may hold, and their S_N index: with scope ``halo`` the position
+    in the sorted halo, with ``remote`` the node ID (any real node owned elsewhere)."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if scope == "remote":
+        ok = ((nodes < owned[0]) | (nodes >= owned[1])) & (nodes < num_nodes)
+        return np.where(ok, nodes, 0), ok
+    return find_sorted(halo, nodes)
+
+
 def _private(shape, dtype) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
 
@@ -120,14 +138,7 @@ class ScoredBuffer:
 
     def admissible(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """S_N index of each node, and whether the node is admissible at all."""
-        nodes = np.asarray(nodes, dtype=np.int64)
-        if self.settings.scope == "remote":
-            ok = ((nodes < self.owned[0]) | (nodes >= self.owned[1])) & (nodes < self.num_nodes)
-            return np.where(ok, nodes, 0), ok
-        pos = np.searchsorted(self.halo, nodes)
-        pos = np.minimum(pos, max(self.halo.size - 1, 0))
-        ok = self.halo[pos] == nodes if self.halo.size else np.zeros(nodes.size, dtype=bool)
-        return pos, ok
+        return admissible(nodes, self.halo, self.owned, self.num_nodes, self.settings.scope)
 
     def lookup(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Decay, then find ``nodes`` (unique) in the buffer: (hit mask, slot of each hit)."""
@@ -137,10 +148,7 @@ class ScoredBuffer:
             self.features[:] = self.features[order]
             self.state[0] = 0
         self.score *= self.decay
-        if not self.capacity:
-            return np.zeros(nodes.size, dtype=bool), np.zeros(0, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.ids, nodes), self.capacity - 1)
-        hit = self.ids[pos] == nodes
+        pos, hit = find_sorted(self.ids, nodes)
         slots = pos[hit]
         self.score[slots] /= self.decay
         return hit, slots
@@ -200,8 +208,7 @@ class ScoredBuffer:
         trainers may have re-sorted the slots meanwhile, or replaced some again: those are left
         alone). Returns the slots completed."""
         order = np.argsort(self.ids, kind="stable")
-        pos = np.minimum(np.searchsorted(self.ids[order], rep.tokens), max(self.capacity - 1, 0))
-        still = self.ids[order][pos] == rep.tokens
+        pos, still = find_sorted(self.ids[order], rep.tokens)
         slots = order[pos[still]]
         self.features[slots] = rows[still]
         self.ids[slots] = rep.inserted[still]
@@ -236,16 +243,10 @@ class WindowBuffer:
         self.clock = 0
 
     def admissible(self, nodes: np.ndarray) -> np.ndarray:
-        if self.scope == "remote":
-            return (nodes < self.owned[0]) | (nodes >= self.owned[1])
-        return np.isin(nodes, self.halo, assume_unique=False)
+        return admissible(nodes, self.halo, self.owned, self.num_nodes, self.scope)[1]
 
     def lookup(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if not self.capacity:
-            return np.zeros(nodes.size, dtype=bool), np.zeros(0, dtype=np.int64)
-        sorted_ids = self.ids[self.order]
-        pos = np.minimum(np.searchsorted(sorted_ids, nodes), self.capacity - 1)
-        hit = sorted_ids[pos] == nodes
+        pos, hit = find_sorted(self.ids[self.order], nodes)
         slots = self.order[pos[hit]]
         self.clock += 1
         self.last_used[slots] = self.clock
