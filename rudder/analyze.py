@@ -116,6 +116,11 @@ def load_run(path: str) -> Run:
     return Run(path, ranks, warnings, agents)
 
 
+def remote_rows_fetched(minibatches: np.ndarray) -> np.ndarray:
+    """Remote feature rows each minibatch fetched: remote inputs the buffer missed, plus refills."""
+    return minibatches["input_remote"] - minibatches["hits"] + minibatches["refills"]
+
+
 def _mean(values) -> float | None:
     values = [v for v in values if v is not None and not math.isnan(v)]
     return float(np.mean(values)) if values else None
@@ -130,14 +135,16 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
     seconds = [max(float(r.epochs["seconds"][r.epochs["epoch"] == e][0]) for r in ranks) for e in epochs]
 
     def per_epoch(column, ranks_op=np.sum):
-        """Per epoch: the column summed over each rank's minibatches, combined over ranks."""
-        return [float(ranks_op([r.minibatches[column][r.minibatches["epoch"] == e].sum() for r in ranks])) for e in epochs]
+        """Per epoch: the column (a name, or a function of the rows) summed over each rank's
+        minibatches, combined over ranks."""
+        values = column if callable(column) else (lambda rows: rows[column])
+        return [float(ranks_op([values(r.minibatches)[r.minibatches["epoch"] == e].sum() for r in ranks])) for e in epochs]
 
     mb = np.concatenate([r.minibatches for r in ranks]) if ranks else None
     hits, misses = int(mb["hits"].sum()), int(mb["misses"].sum())
     last_eval = [r.epochs[~np.isnan(r.epochs["test_acc"])] for r in ranks]
     evaluated = [e for e in last_eval if e.size]
-    remote_fetched = mb["input_remote"] - mb["hits"] + mb["refills"]
+    hits_by_epoch, misses_by_epoch = per_epoch("hits"), per_epoch("misses")
     summary = {
         "run": os.path.abspath(run.path),
         "status": "completed" if all(r.status == "completed" for r in ranks) and not run.warnings else "incomplete",
@@ -154,18 +161,16 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
                      "test": float(evaluated[0]["test_acc"][-1]) if evaluated else None},
         "traffic": {"input_rows_per_epoch": _mean(per_epoch("input_nodes")),
                     "remote_inputs_per_epoch": _mean(per_epoch("input_remote")),
-                    "remote_rows_fetched_per_epoch": _mean([
-                        float(sum((r.minibatches["input_remote"] - r.minibatches["hits"] + r.minibatches["refills"])
-                                  [r.minibatches["epoch"] == e].sum() for r in ranks)) for e in epochs]),
+                    "remote_rows_fetched_per_epoch": _mean(per_epoch(remote_rows_fetched)),
                     "rma_bytes_per_epoch": _mean(per_epoch("bytes_rma"))},
         "buffer": {"policy": cfg.get("policy", "none"), "capacity": int(sum(r.run.get("buffer_capacity", 0) for r in ranks)),
                    "hits": hits, "misses": misses, "hit_percent": 100.0 * hits / (hits + misses) if hits + misses else 0.0,
                    "refills": int(mb["refills"].sum()), "evictions": int(mb["evictions"].sum()),
                    "replacements": int(((mb["replaced"] == 1) & (mb["refills"] > 0)).sum()),
                    "comm_volume": int(mb["comm_volume"].sum()),
-                   "hit_percent_by_epoch": [100.0 * h / t if t else 0.0 for h, t in
-                                            zip(per_epoch("hits"), (a + b for a, b in zip(per_epoch("hits"), per_epoch("misses"))))]},
-        "bound": optimal_bound(run, data_dir, int(remote_fetched.sum())),
+                   "hit_percent_by_epoch": [100.0 * h / (h + m) if h + m else 0.0
+                                            for h, m in zip(hits_by_epoch, misses_by_epoch)]},
+        "bound": optimal_bound(run, data_dir, int(remote_rows_fetched(mb).sum())),
         "decisions": decision_quality(run) if run.agents else None,
     }
     return summary
@@ -346,7 +351,7 @@ def plots(runs: list[Run], summaries: list[dict], directory: str) -> list[str]:
         steps = max(r.minibatches.size for r in run.ranks)
         hit = np.nanmean([np.pad(r.minibatches["hit_ratio"].astype(float), (0, steps - r.minibatches.size),
                                  constant_values=np.nan) for r in run.ranks], axis=0)
-        comm = np.nansum([np.pad((r.minibatches["input_remote"] - r.minibatches["hits"] + r.minibatches["refills"]).astype(float),
+        comm = np.nansum([np.pad(remote_rows_fetched(r.minibatches).astype(float),
                                  (0, steps - r.minibatches.size), constant_values=np.nan) for r in run.ranks], axis=0)
         ax_hit.plot(100 * hit, label=name)
         ax_comm.plot(comm, label=name)
