@@ -16,9 +16,7 @@ feature rows). Remote rows are input rows owned by another partition, summed ove
 from __future__ import annotations
 
 import argparse
-import glob
 import os
-import subprocess
 import sys
 import time
 
@@ -27,20 +25,13 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from bench.mpi_job import bench_datasets, cached_partition  # noqa: E402
+from bench.mpi_job import bench_datasets, cached_partition, train_job  # noqa: E402
 
 
 def run(parts_dir: str, ranks: int, run_dir: str, cliques: int, args) -> dict:
-    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
-           os.path.join(REPO, "drivers", "train.py"), "--data", parts_dir, "--run-dir", run_dir, "--overwrite",
-           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--hidden", str(args.hidden),
-           "--eval-every", "0", "--progress", "none", "--no-verify-data"]
-    env = dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(cliques))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     epochs = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "rank-*.h5"))):
+    for path in train_job(parts_dir, run_dir, ranks, cliques, ["--epochs", str(args.epochs), "--batch-size",
+                                                               str(args.batch_size), "--hidden", str(args.hidden)]):
         with h5py.File(path, "r", locking=False) as f:
             epochs.append(f["epochs"][()])
     ep = np.stack(epochs)[:, 1:]  # [ranks, epochs 2..E]

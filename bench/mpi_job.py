@@ -2,6 +2,7 @@
 ``--worker --workdir DIR`` and the same arguments; rank 0 prints one JSON line of results."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -56,3 +57,18 @@ def bench_datasets(rmat_scale: int, feat_dim: int) -> dict:
     datasets[f"rmat{rmat_scale}"] = (f"synthetic:rmat:scale={rmat_scale},edge_factor=16,feat_dim={feat_dim},"
                                      f"classes=16,seed=1")
     return datasets
+
+
+def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[str]) -> list[str]:
+    """``mpiexec -n RANKS python drivers/train.py`` on PARTS into RUN_DIR (replacing an earlier run),
+    MPICH told the host is CLIQUES nodes; exits with the job's stderr on failure. Returns the
+    rank log paths."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
+           os.path.join(repo, "drivers", "train.py"), "--data", parts, "--run-dir", run_dir, "--overwrite",
+           "--eval-every", "0", "--progress", "none", "--no-verify-data", *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
+                          env=dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(cliques)))
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return sorted(glob.glob(os.path.join(run_dir, "rank-*.h5")))

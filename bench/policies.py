@@ -16,9 +16,7 @@ Rows = remote feature rows fetched (misses + refills), summed over trainers, mea
 from __future__ import annotations
 
 import argparse
-import glob
 import os
-import subprocess
 import sys
 import time
 
@@ -27,18 +25,12 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from bench.mpi_job import bench_datasets, cached_partition  # noqa: E402
+from bench.mpi_job import bench_datasets, cached_partition, train_job  # noqa: E402
 
 
 def train(parts: str, run: str, ranks: int, a, flags: list[str]) -> list[h5py.File]:
-    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
-           os.path.join(REPO, "drivers", "train.py"), "--data", parts, "--run-dir", run, "--overwrite",
-           "--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--eval-every", "0", "--progress", "none",
-           "--no-verify-data", *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(ranks)))
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return [h5py.File(p, "r", locking=False) for p in sorted(glob.glob(os.path.join(run, "rank-*.h5")))]
+    paths = train_job(parts, run, ranks, ranks, ["--epochs", str(a.epochs), "--batch-size", str(a.batch_size), *flags])
+    return [h5py.File(p, "r", locking=False) for p in paths]
 
 
 def figures(logs) -> dict:
