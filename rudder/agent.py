@@ -128,8 +128,6 @@ class AgentLink:
     """A trainer's connection to its node's agent (used from the pipeline thread)."""
 
     def __init__(self, layout, facts: dict, window: int):
-        from mpi4py import MPI
-
         self.comm, self.agent = layout.node, layout.node.size - 1
         self.window, self.metrics = window, []
         self.next_id, self.outstanding, self.answer = 0, None, np.zeros(len(DECISION_FIELDS))
@@ -137,7 +135,6 @@ class AgentLink:
         self.sent: list = []
         hello = np.array([HELLO] + [float(facts[k]) for k in HELLO_FIELDS[1:]])
         self._send(hello)
-        self.MPI = MPI
 
     def _send(self, payload: np.ndarray) -> None:
         self.sent = [r for r in self.sent if not r.Test()]  # keep the buffers of sends in flight
@@ -178,7 +175,9 @@ class AgentLink:
         self._send(np.array([BYE] + [0.0] * (len(REQUEST_FIELDS) - 1)))
         if self.outstanding is not None:
             self.outstanding.Wait()
-        self.MPI.Request.Waitall(self.sent)
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(self.sent)
 
 
 # -- the agent's side ------------------------------------------------------------------------------

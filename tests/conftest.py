@@ -60,6 +60,29 @@ def run_train(ranks: int, *args, timeout=300, env=None):
                           env=dict(os.environ, **(env or {})))
 
 
+def read_logs(run_dir) -> list[dict]:
+    """Every rank's log in RUN_DIR, in rank order, read into memory (files closed again):
+    ``attrs``, the parsed ``layout`` and ``run``, ``role``, ``status``, and each table there
+    (``minibatches``, ``epochs``, ``decisions``, ``outcomes``, ``trace/offsets``, ``trace/values``).
+    Opened without HDF5's file lock, as a live log must be."""
+    import glob
+    import json
+
+    import h5py
+
+    out = []
+    for path in sorted(glob.glob(os.path.join(str(run_dir), "rank-*.h5"))):
+        with h5py.File(path, "r", locking=False) as f:
+            attrs = dict(f.attrs)
+            entry = {"attrs": attrs, "layout": json.loads(attrs["layout"]), "run": json.loads(attrs["run"]),
+                     "role": attrs["role"], "status": attrs["status"]}
+            entry.update({name: f[name][()] for name in ("minibatches", "epochs", "decisions", "outcomes") if name in f})
+            if "trace_remote_inputs" in f:
+                entry.update({f"trace/{k}": f[f"trace_remote_inputs/{k}"][()] for k in ("offsets", "values")})
+            out.append(entry)
+    return out
+
+
 def run_cli(*args, cwd=REPO, timeout=300, env=None):
     """Run ``python -m partitioning ARGS`` as a user would; returns the CompletedProcess."""
     full_env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))

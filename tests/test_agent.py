@@ -4,16 +4,12 @@ agent never blocks training, and training stays bit-identical to no buffer. Plus
 heuristic's rules."""
 from __future__ import annotations
 
-import glob
-import json
-import os
 from collections import deque
 
-import h5py
 import numpy as np
 import pytest
 
-from conftest import BUNDLED_CORA, run_train
+from conftest import BUNDLED_CORA, read_logs, run_train
 from rudder.agent import EVICT, KEEP, Heuristic, TrainerContext
 
 
@@ -27,23 +23,15 @@ def parts(tmp_path_factory):
     return out
 
 
-def read_logs(run):
-    logs = {}
-    for path in sorted(glob.glob(os.path.join(run, "rank-*.h5"))):
-        with h5py.File(path, "r", locking=False) as f:
-            entry = {"role": f.attrs["role"], "status": f.attrs["status"], "layout": json.loads(f.attrs["layout"])}
-            for name in ("minibatches", "decisions", "outcomes"):
-                if name in f:
-                    entry[name] = f[name][()]
-            logs[entry["layout"]["world_rank"]] = entry
-    return logs
+def logs_by_rank(run):
+    return {log["layout"]["world_rank"]: log for log in read_logs(run)}
 
 
 def train(parts, run, ranks, *flags, epochs=4):
     proc = run_train(ranks, "--data", parts, "--run-dir", run, "--epochs", str(epochs), "--batch-size", "8", "--eval-every", "0",
                      "--progress", "none", "--delta", "1", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_logs(run)
+    return logs_by_rank(run)
 
 
 def test_agents_serve_their_own_node_and_decisions_apply_where_logged(parts, tmp_path):

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import BUNDLED_CORA, SHARED_DATA, run_train, train_command
+from conftest import BUNDLED_CORA, SHARED_DATA, read_logs as logs, run_train, train_command
 
 CORA_SHARED = os.path.join(SHARED_DATA, "planetoid", "ind.cora.graph")
 # Cora, for the accuracy comparison: hidden 128 keeps seed-to-seed spread near 1 point
@@ -30,17 +30,6 @@ def cora4(tmp_path_factory):
     source = os.path.dirname(CORA_SHARED) if os.path.isfile(CORA_SHARED) else BUNDLED_CORA
     out = str(tmp_path_factory.mktemp("cora4") / "parts")
     partition_graph(load_spec(f"planetoid:{source}:cora"), 4, out, method="metis", seed=0)
-    return out
-
-
-def logs(run_dir):
-    """Every rank's log, read into memory (files closed again)."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "rank-*.h5"))):
-        with h5py.File(path, "r", locking=False) as f:
-            out.append({"attrs": dict(f.attrs), **{k: f[k][()] for k in ("minibatches", "epochs")},
-                        **{f"trace/{k}": f[f"trace_remote_inputs/{k}"][()] for k in ("offsets", "values")
-                           if "trace_remote_inputs" in f}})
     return out
 
 

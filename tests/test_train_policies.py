@@ -3,13 +3,10 @@ trajectory is bit-identical to the no-buffer run (caching static features is exa
 sampling stream does not depend on the policy or the pipelining), while remote traffic falls."""
 from __future__ import annotations
 
-import glob
-import os
 
-import h5py
 import numpy as np
 
-from conftest import BUNDLED_CORA, run_train, shared_dataset
+from conftest import BUNDLED_CORA, read_logs, run_train, shared_dataset
 
 RUNS = [("none", ["--no-overlap"]), ("none", []), ("static", []), ("fixed", ["--delta", "2"]),
         ("fixed", ["--delta", "1", "--compat", "massivegnn", "--buffer-init", "empty"]),
@@ -17,12 +14,9 @@ RUNS = [("none", ["--no-overlap"]), ("none", []), ("static", []), ("fixed", ["--
 
 
 def minibatch_tables(run_dir):
-    tables = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "rank-*.h5"))):
-        with h5py.File(path, "r", locking=False) as f:
-            assert f.attrs["status"] == "completed"
-            tables.append(f["minibatches"][()])
-    return tables
+    logs = read_logs(run_dir)
+    assert all(log["status"] == "completed" for log in logs)
+    return [log["minibatches"] for log in logs]
 
 
 def check_policies(spec, ranks, tmp_path, extra, runs=RUNS):
@@ -85,12 +79,7 @@ def test_node_shared_buffer(tmp_path):
                          "--eval-every", "0", "--progress", "none", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         tables[name] = minibatch_tables(run)
-        fills[name] = []
-        for path in sorted(glob.glob(os.path.join(run, "rank-*.h5"))):
-            with h5py.File(path, "r", locking=False) as f:
-                import json
-
-                fills[name].append(json.loads(f.attrs["run"])["buffer_fill_rows"])
+        fills[name] = [log["run"]["buffer_fill_rows"] for log in read_logs(run)]
     for name in ("shared", "compat"):
         for ours, theirs in zip(tables[name], tables["none"]):
             np.testing.assert_array_equal(ours["loss"], theirs["loss"])
