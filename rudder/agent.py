@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -37,11 +38,14 @@ TAG_TO_AGENT, TAG_TO_TRAINER = 71, 72
 HELLO, REQUEST, BYE = 0, 1, 2
 KEEP, EVICT = 0, 1
 IMPACTS = ("stagnant", "increase", "decrease")
+# Per-minibatch metrics a trainer reports, averaged over its window: hit rate (cumulative integer
+# %-hits), comm volume (admissible misses), eviction candidates, refetched (misses the last
+# replacement had evicted).
+WINDOW_METRICS = ("hitrate", "comm_volume", "candidates", "refetched")
 # REQUEST payload (float64): kind, request id, minibatch counter, epoch, step, remaining minibatches,
-# window hit rate (mean cumulative integer %-hits), window comm volume (mean admissible misses),
-# then the previous decision's outcome: its request id, minibatch applied (-1 none), rows evicted,
-# eviction candidates at that minibatch.
-REQUEST_FIELDS = ("kind", "request", "counter", "epoch", "step", "remaining", "hitrate", "comm_volume",
+# the window means, then the previous decision's outcome: its request id, minibatch applied
+# (-1 none), rows evicted, eviction candidates at that minibatch.
+REQUEST_FIELDS = ("kind", "request", "counter", "epoch", "step", "remaining", *WINDOW_METRICS,
                   "prev_request", "prev_applied", "prev_evicted", "prev_candidates")
 HELLO_FIELDS = ("kind", "world_rank", "num_nodes", "num_edges", "partition", "num_parts", "batch_size",
                 "total_minibatches", "halo", "capacity")
@@ -68,6 +72,8 @@ class TrainerContext:
     latest: dict = field(default_factory=dict)
     history: deque = field(default_factory=lambda: deque(maxlen=5))
     pending: dict | None = None  # the decision sent last, with the metrics it was made on
+    last_evicted: int = 0  # rows the trainer's most recent replacement evicted (however old)
+    abandoned: Callable[[], bool] = lambda: False  # true once the trainer no longer waits for this answer
 
 
 # -- decision makers -----------------------------------------------------------------------------
@@ -120,6 +126,8 @@ def make_decider(cfg, threads: int = 1) -> Decider:
         import rudder.llm  # noqa: F401  (registers the llm decider)
 
         return DECIDERS["llm"](cfg, threads)
+    if cfg.policy == "classifier":
+        import rudder.classifier  # noqa: F401  (registers the classifier decider)
     return DECIDERS[cfg.policy](cfg)
 
 
@@ -158,8 +166,7 @@ class AgentLink:
             return False
         window = self.metrics[-self.window:]
         payload = np.array([REQUEST, self.next_id, counter, epoch, step, remaining,
-                            np.mean([m["hitrate"] for m in window]), np.mean([m["comm_volume"] for m in window]),
-                            *self.report], dtype=np.float64)
+                            *[np.mean([m[k] for m in window]) for k in WINDOW_METRICS], *self.report], dtype=np.float64)
         self.answer = np.zeros(len(DECISION_FIELDS))
         self.outstanding = self.comm.Irecv(self.answer, source=self.agent, tag=TAG_TO_TRAINER)
         self._send(payload)
@@ -171,7 +178,8 @@ class AgentLink:
         self.report = [float(request), float(applied), float(evicted), float(candidates)]
 
     def close(self) -> None:
-        """Say BYE and collect the last answer (the agent answers everything before a BYE)."""
+        """Say BYE and collect the last answer (the agent answers everything before a BYE, and
+        cuts a decision short once it sees the BYE behind it)."""
         self._send(np.array([BYE] + [0.0] * (len(REQUEST_FIELDS) - 1)))
         if self.outstanding is not None:
             self.outstanding.Wait()
@@ -197,28 +205,37 @@ class AgentServer:
         self.comm, self.decider, self.log, self.delay = layout.node, decider, log, delay
         self.trainers = self.comm.size - 1  # every other rank of the node trains
         self.contexts: dict[int, TrainerContext] = {}
+        self.gone: set[int] = set()  # trainers that said BYE
         self.decisions = 0
 
     def serve(self) -> int:
+        """Answer requests oldest first until every trainer said BYE. All messages that have
+        arrived are taken in before each decision, so one model serves its trainers fairly (MPI's
+        ANY_SOURCE matching is not fair: low ranks could starve the others)."""
         from mpi4py import MPI
 
-        done, sends = 0, []
-        buf = np.zeros(max(len(REQUEST_FIELDS), len(HELLO_FIELDS)))
+        done, sends, waiting = 0, [], deque()
         status = MPI.Status()
-        while done < self.trainers:
-            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_TO_AGENT, status=status):
+        while done < self.trainers or waiting:
+            while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_TO_AGENT, status=status):
+                buf = np.zeros(max(len(REQUEST_FIELDS), len(HELLO_FIELDS)))
+                n = status.Get_count(MPI.DOUBLE)
+                self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=TAG_TO_AGENT)
+                trainer, kind = status.Get_source(), int(buf[0])
+                if kind == HELLO:
+                    self.contexts[trainer] = TrainerContext(dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist())))
+                elif kind == BYE:
+                    done += 1
+                    self.gone.add(trainer)
+                else:
+                    waiting.append((trainer, dict(zip(REQUEST_FIELDS, buf[:len(REQUEST_FIELDS)].tolist()))))
+            if not waiting:
+                self.log.maybe_flush()
                 time.sleep(0.0005)  # idle: leave the core to the node's trainers
                 continue
-            n = status.Get_count(MPI.DOUBLE)
-            self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=TAG_TO_AGENT)
-            trainer, kind = status.Get_source(), int(buf[0])
-            if kind == HELLO:
-                self.contexts[trainer] = TrainerContext(dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist())))
-            elif kind == BYE:
-                done += 1
-            else:
-                answer = self.answer(trainer, dict(zip(REQUEST_FIELDS, buf[:len(REQUEST_FIELDS)].tolist())))
-                sends = [r for r in sends if not r.Test()] + [self.comm.Isend(answer, dest=trainer, tag=TAG_TO_TRAINER)]
+            trainer, req = waiting.popleft()
+            answer = self.answer(trainer, req)
+            sends = [r for r in sends if not r.Test()] + [self.comm.Isend(answer, dest=trainer, tag=TAG_TO_TRAINER)]
             self.log.maybe_flush()
         MPI.Request.Waitall(sends)
         return self.decisions
@@ -226,12 +243,18 @@ class AgentServer:
     def answer(self, trainer: int, req: dict) -> np.ndarray:
         ctx = self.contexts[trainer]
         self.reflect(trainer, ctx, req)
-        ctx.latest = {k: req[k] for k in ("counter", "epoch", "step", "remaining", "hitrate", "comm_volume")}
+        ctx.latest = {k: req[k] for k in ("counter", "epoch", "step", "remaining", *WINDOW_METRICS)}
+        # A trainer sends nothing while it awaits an answer, except its BYE: a message behind
+        # this request means nobody will use the answer.
+        ctx.abandoned = lambda: trainer in self.gone or self.comm.Iprobe(source=trainer, tag=TAG_TO_AGENT)
         start = time.perf_counter()
         if self.delay:  # --agent-delay: a deliberately slow decision maker (experiments, tests)
             time.sleep(self.delay)
         try:
-            d = self.decider.decide(ctx)
+            if ctx.abandoned():  # finished while its request waited behind others': do not spend a decision on it
+                d = Decision(KEEP, fallback_reason="the trainer finished before the decision started")
+            else:
+                d = self.decider.decide(ctx)
         except Exception as e:  # a decision maker's failure must never stop training
             d = Decision(KEEP, fallback_reason=f"{type(e).__name__}: {e}")
         latency = time.perf_counter() - start
@@ -256,6 +279,7 @@ class AgentServer:
         evicted = int(req["prev_evicted"]) if applied else 0
         if p["decision"] == EVICT:
             status = "triggered" if evicted else "skipped"
+            ctx.last_evicted = evicted or ctx.last_evicted
         else:
             status = "decision_no_evict"
         ctx.history.append({"status": status, "evicted": evicted, "hitrate_delta": req["hitrate"] - p["hitrate"],

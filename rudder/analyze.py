@@ -50,6 +50,9 @@ class RankLog:
     role: str = "trainer"
     decisions: np.ndarray | None = None  # agents
     outcomes: np.ndarray | None = None
+    classifier_trace: np.ndarray | None = None  # trainers of a collection run (fixed --collect-traces)
+    answers: list[str] | None = None  # agents: each decision's raw answer (or a classifier's features)
+    fallback_reasons: list[str] | None = None  # agents: why a decision fell back ("" when it did not)
 
 
 @dataclass
@@ -77,14 +80,21 @@ def read_rank(path: str) -> RankLog:
         layout = json.loads(a["layout"])
         if a.get("role", "trainer") == "agent":
             return RankLog(layout["world_rank"], path, str(a["status"]), str(a["error"]), json.loads(a["config"]), layout,
-                           json.loads(a["run"]), None, None, None, "agent", f["decisions"][()], f["outcomes"][()])
+                           json.loads(a["run"]), None, None, None, "agent", f["decisions"][()], f["outcomes"][()],
+                           answers=_texts(f, "answer"), fallback_reasons=_texts(f, "fallback_reason"))
         trace = None
         if "trace_remote_inputs" in f:
             offsets, values = f["trace_remote_inputs/offsets"][()], f["trace_remote_inputs/values"][()]
             trace = [values[offsets[i]:offsets[i + 1]] for i in range(offsets.size - 1)]
         layout = json.loads(a["layout"])
         return RankLog(layout["world_rank"], path, str(a["status"]), str(a["error"]), json.loads(a["config"]), layout,
-                       json.loads(a["run"]), f["minibatches"][()], f["epochs"][()], trace)
+                       json.loads(a["run"]), f["minibatches"][()], f["epochs"][()], trace,
+                       classifier_trace=f["classifier_trace"][()] if "classifier_trace" in f else None)
+
+
+def _texts(f, name: str) -> list[str]:
+    offsets, text = f[f"{name}/offsets"][()], f[f"{name}/values"][()].tobytes()
+    return [text[i:j].decode(errors="replace") for i, j in zip(offsets[:-1], offsets[1:])]
 
 
 def load_run(path: str) -> Run:
@@ -222,6 +232,32 @@ def decision_quality(run: Run) -> dict:
             "gap_mean": float(np.mean(gaps)) if gaps else None,
             "interval_mean": float(np.mean(intervals)) if intervals else None,
             "pass_at_1_hitrate": _accuracy(*scores["hitrate"]), "pass_at_1_comm": _accuracy(*scores["comm_volume"])}
+
+
+def decision_lines(run: Run, last: int = 4, answered_only: bool = False) -> list[str]:
+    """The last ``last`` decisions of each agent (or of those not fallen back), one line each:
+    who, when, what, how fast, and the answer (or the fallback's reason)."""
+    lines = []
+    for agent in run.agents:
+        d = agent.decisions
+        rows = [i for i in range(d.size) if not (answered_only and d["fallback"][i])][-last:]
+        for i in rows:
+            what = "evict" if d["decision"][i] == 1 else "keep"
+            answer = agent.fallback_reasons[i] if d["fallback"][i] else agent.answers[i]
+            lines.append(f"agent {agent.rank} -> trainer {d['trainer'][i]} after minibatch {d['minibatch'][i]}: {what:5} "
+                         f"({d['latency'][i]:.2f} s{', fallback' if d['fallback'][i] else ''}) {answer[:150]}")
+    return lines
+
+
+def fallback_counts(run: Run) -> dict[str, int]:
+    """How many decisions fell back, by reason (the exception's name, or the reason's text)."""
+    counts: dict[str, int] = {}
+    for agent in run.agents:
+        for reason in agent.fallback_reasons or []:
+            if reason:
+                key = reason.split(":")[0] if ": " in reason[:40] else reason
+                counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def optimal_bound(run: Run, data_dir: str | None, achieved: int) -> dict | None:
@@ -420,6 +456,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     ap.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
     ap.add_argument("--data", metavar="DIR", help="partition directory, if it moved since the runs")
+    ap.add_argument("--decisions", type=int, default=0, metavar="N", help="also print each agent's last N decisions")
     a = ap.parse_args(argv)
     try:
         paths = list(dict.fromkeys(a.runs + ([a.baseline] if a.baseline else [])))
@@ -437,6 +474,8 @@ def main(argv=None) -> int:
         print(json.dumps({"runs": shown, "baseline": a.baseline and summaries[a.baseline]["run"]}, indent=1))
     else:
         print(table(shown, baseline))
+    for p in a.runs if a.decisions else ():
+        print("\n".join([f"\nlast decisions of {p}:"] + (decision_lines(runs[p], a.decisions) or ["  (no agent ranks)"])))
     return 0
 
 

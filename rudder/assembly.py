@@ -27,6 +27,7 @@ class AssemblyStats:
     refills: int = 0  # rows fetched into the buffer by a replacement (or admitted by lookahead)
     evictions: int = 0
     candidates: int = 0  # eviction candidates when a replacement was asked for
+    refetched: int = 0  # misses that the last replacement had evicted
     replaced: bool = False  # a replacement was asked for on this minibatch
     asked_by: int = 0  # who asked (rudder.policies.ASKERS)
     occupancy: int = 0  # buffer slots holding a real row, after this minibatch
@@ -95,10 +96,10 @@ class FeatureAssembler:
 
         views = []
 
-        def decide(hits, misses, candidates):
+        def decide(hits, misses, candidates, refetched):
             total = self.hit_total + self.miss_total + hits + misses
             percent = int(round(100 * (self.hit_total + hits) / total)) if total else 0
-            views.append(MinibatchView(self.counter, hits, misses, candidates, percent))
+            views.append(MinibatchView(self.counter, hits, misses, candidates, percent, refetched))
             return self.policy.wants_replacement(views[0])
 
         shared = self.shared is not None
@@ -129,7 +130,7 @@ class FeatureAssembler:
         self.counter += 1
         self.hit_total += int(hit.sum())
         self.miss_total += st.misses
-        return x, AssemblyStats(fetch, int(hit.sum()), st.misses, k, k, st.candidates, st.asked,
+        return x, AssemblyStats(fetch, int(hit.sum()), st.misses, k, k, st.candidates, st.refetched, st.asked,
                                 ASKERS[self.policy.asker] if st.asked else 0, buf.occupancy, self.hit_total,
                                 self.miss_total, st.t_lookup, st.t_replace, time.perf_counter() - t0)
 
@@ -151,5 +152,5 @@ class FeatureAssembler:
         self.hit_total += int(hit.sum())
         self.miss_total += misses
         # Admitted rows were fetched as misses anyway: they cost no extra traffic (no refills).
-        return x, AssemblyStats(fetch, int(hit.sum()), misses, 0, admitted, 0, False, 0, buf.occupancy,
+        return x, AssemblyStats(fetch, int(hit.sum()), misses, 0, admitted, 0, 0, False, 0, buf.occupancy,
                                 self.hit_total, self.miss_total, t1 - t0, t3 - t2, t2 - t1)

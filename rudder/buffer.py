@@ -57,6 +57,7 @@ class BufferStep:
     slots: np.ndarray  # slot of each hit
     misses: int  # admissible inputs not found
     candidates: int  # eviction candidates at decision time
+    refetched: int  # admissible misses that the last replacement had evicted (its regret)
     asked: bool  # the policy asked for a replacement
     replacement: Replacement | None
     t_lookup: float
@@ -116,6 +117,7 @@ class ScoredBuffer:
         self.pending = alloc((B,), np.int64)  # node ID awaited by a pending slot
         self.state = alloc((2,), np.int64)  # [ids unsorted since the last replacement, pending tokens issued]
         self.pending_base = num_nodes + B  # pending slots hold IDs from here: never a node, never an empty sentinel
+        self.last_evicted = np.zeros(0, dtype=np.int64)  # sorted real IDs the latest replacement evicted (this trainer's)
         if not initialise:
             return
         if s.init == "degree":  # top-B halo nodes by global in-degree, ties by ID
@@ -160,19 +162,20 @@ class ScoredBuffer:
         return int(ok.sum())
 
     def step(self, nodes: np.ndarray, decide, pending: bool = False) -> BufferStep:
-        """One minibatch: lookup, the policy's decision ``decide(hits, misses, candidates)``,
-        the miss counts (corrected or reference order) and the replacement if asked for."""
+        """One minibatch: lookup, the policy's decision ``decide(hits, misses, candidates,
+        refetched)``, the miss counts (corrected or reference order) and the replacement if asked for."""
         t0 = time.perf_counter()
         hit, slots = self.lookup(nodes)
         missed = nodes[~hit]
         _, ok = self.admissible(missed)
         candidates = int(self.eviction_candidates().size)
-        asked = bool(decide(int(hit.sum()), int(ok.sum()), candidates))
+        refetched = int(find_sorted(self.last_evicted, missed)[1].sum())
+        asked = bool(decide(int(hit.sum()), int(ok.sum()), candidates, refetched))
         t1 = time.perf_counter()
         if not self.settings.compat or not (asked and candidates):  # the reference skips it then
             self.count_misses(missed)
         rep = self.replace(pending) if asked else None
-        return BufferStep(hit, slots, int(ok.sum()), candidates, asked, rep, t1 - t0, time.perf_counter() - t1)
+        return BufferStep(hit, slots, int(ok.sum()), candidates, refetched, asked, rep, t1 - t0, time.perf_counter() - t1)
 
     def eviction_candidates(self) -> np.ndarray:
         return np.flatnonzero(self.score < self.threshold)  # float32 compare, slot order
@@ -201,6 +204,7 @@ class ScoredBuffer:
             self.ids[slots] = inserted
         if k:
             self.state[0] = 1
+            self.last_evicted = np.sort(evicted[evicted < self.num_nodes])
         return Replacement(slots, evicted, inserted, int(cand.size), self.ids[slots].copy())
 
     def complete(self, rep: Replacement, rows: np.ndarray) -> int:

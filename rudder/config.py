@@ -59,7 +59,14 @@ class TrainConfig:
     llm_ctx: int = 4096
     llm_max_tokens: int = 320  # an upper bound: the grammar ends the answer
     llm_temperature: float = 0.2
-    llm_fallback: str = "keep"  # the decision when the model fails or answers out of format
+    llm_fallback: str = "keep"  # the decision when the model fails, times out or answers out of format
+    llm_timeout: float = 60.0  # seconds a decision may take before the fallback is used
+    llm_url: str = ""  # an OpenAI-compatible server instead of the in-process model (llama-server, vLLM, Ollama)
+    llm_dialect: str = "grammar"  # how the server is told the answer's format: grammar | json_schema | none
+    agent_cores: int = 0  # cores of each node kept for its agent rank (0: the agent shares them)
+    classifier_model: str = ""  # a model file written by `python -m rudder.classifier train` (--policy classifier)
+    collect_traces: bool = False  # with --policy fixed: log one classifier training row per replacement
+    replay: str = ""  # with --policy replay: a run whose replacements are repeated at the same minibatches
     prefetch_depth: int = 1  # minibatches prepared ahead in a background thread (0 = no overlap)
     log_flush_seconds: float = 2.0
     progress: str = "bar"  # bar | lines | none
@@ -107,6 +114,15 @@ class TrainConfig:
         need(self.llm_max_tokens >= 16, "llm_max_tokens", "at least 16 tokens")
         need(self.llm_temperature >= 0, "llm_temperature", "a non-negative temperature")
         need(self.llm_fallback in ("keep", "evict"), "llm_fallback", "keep or evict")
+        need(self.llm_timeout > 0, "llm_timeout", "a positive number of seconds")
+        need(self.llm_dialect in ("grammar", "json_schema", "none"), "llm_dialect", "grammar, json_schema or none")
+        need(not self.llm_url or self.llm_url.startswith(("http://", "https://")), "llm_url", "an http:// or https:// URL")
+        need(self.agent_cores >= 0, "agent_cores", "0 or a number of cores")
+        need(self.policy == "classifier" or not self.classifier_model, "classifier_model", "only with --policy classifier")
+        need(self.policy != "classifier" or bool(self.classifier_model), "classifier_model",
+             "a model file from python -m rudder.classifier train (needed by --policy classifier)")
+        need(self.policy == "fixed" or not self.collect_traces, "collect_traces", "only with --policy fixed (collection mode)")
+        need((self.policy == "replay") == bool(self.replay), "replay", "a run directory, with --policy replay only")
         need(self.buffer_sharing in ("trainer", "node"), "buffer_sharing", "trainer or node")
         need(self.buffer_sharing == "trainer" or self.partition_mode == "node", "buffer_sharing",
              "trainer, unless --partition-mode node (a node's trainers share one halo only then)")
@@ -182,8 +198,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--partition-mode", help="trainer: one partition per trainer rank (default); node: one per node, "
                     "its trainers share it and split its training nodes")
     ap.add_argument("--trace", action="store_const", const=True, help="log every minibatch's remote input IDs (compressed)")
-    ap.add_argument("--policy", help="buffer policy: none (no buffer; default), static, fixed, lookahead, heuristic, llm "
-                    "(an agent rank per node decides; launch one extra rank per node)")
+    ap.add_argument("--policy", help="buffer policy: none (no buffer; default), static, fixed, lookahead, replay, "
+                    "heuristic, classifier, llm (the last three: an agent rank per node decides; launch one extra "
+                    "rank per node)")
     ap.add_argument("--buffer-fraction", type=float, help=f"buffer size as a fraction of the halo (default {d.buffer_fraction})")
     ap.add_argument("--buffer-init", help="initial fill: degree (default), random, empty")
     ap.add_argument("--buffer-scope", help="halo (default): cache 1-hop halo rows only; remote: any remote row")
@@ -202,6 +219,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--llm-max-tokens", type=int, help=f"longest answer in tokens (default {d.llm_max_tokens})")
     ap.add_argument("--llm-temperature", type=float, help=f"sampling temperature (default {d.llm_temperature})")
     ap.add_argument("--llm-fallback", help="decision when the model fails or answers out of format: keep (default) or evict")
+    ap.add_argument("--llm-timeout", type=float, help=f"seconds a decision may take before the fallback (default {d.llm_timeout:g})")
+    ap.add_argument("--llm-url", help="OpenAI-compatible server for --policy llm, e.g. http://127.0.0.1:8080/v1 "
+                    "(llama-server, python -m llama_cpp.server, vLLM, Ollama); --llm-model then names the server's model")
+    ap.add_argument("--llm-dialect", help="how --llm-url is told the answer format: grammar (GBNF; llama.cpp servers, "
+                    "default), json_schema (OpenAI response_format; llama-server, vLLM, Ollama), none (validate only)")
+    ap.add_argument("--agent-cores", type=int, help="cores of each node kept for its agent rank; trainers use the rest "
+                    "(default 0: shared)")
+    ap.add_argument("--classifier-model", help="model file for --policy classifier (from python -m rudder.classifier train)")
+    ap.add_argument("--collect-traces", action="store_const", const=True,
+                    help="with --policy fixed: log one classifier training row per replacement interval")
+    ap.add_argument("--replay", help="with --policy replay: repeat this earlier run's replacements at the same minibatches")
     ap.add_argument("--prefetch-depth", type=int, help="minibatches prepared ahead by a background thread (default 1)")
     ap.add_argument("--no-overlap", dest="prefetch_depth", action="store_const", const=0,
                     help="prepare each minibatch after the previous step (the DistDGL baseline's order)")

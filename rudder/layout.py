@@ -17,9 +17,10 @@ the same one-line LayoutError on all ranks instead of leaving some of them in a 
 """
 from __future__ import annotations
 
+
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PARTITION_MODES = ("trainer", "node")
 
@@ -43,6 +44,7 @@ class Layout:
     num_trainers: int
     threads_per_rank: int
     hostname: str
+    cpus: list[int] = field(default_factory=list)  # this rank's CPU affinity after start-up
 
     @property
     def trainer_rank(self) -> int:
@@ -55,7 +57,7 @@ class Layout:
                 "node_size": self.node.size, "is_agent": self.is_agent, "trainer_rank": self.trainer_rank,
                 "partition_mode": self.partition_mode, "partition_id": -1 if self.partition_id is None else self.partition_id,
                 "num_parts": self.num_parts, "num_trainers": self.num_trainers,
-                "threads_per_rank": self.threads_per_rank}
+                "threads_per_rank": self.threads_per_rank, "cpus": self.cpus}
 
 
 def cores_available() -> int:
@@ -79,8 +81,17 @@ def exposer_table(layout: Layout, num_parts: int):
     return exposer
 
 
+def split_cores(allowed: list[int], agent_cores: int, is_agent: bool) -> list[int]:
+    """The cores a rank keeps when ``agent_cores`` of its host are kept for agent ranks: the
+    last ones for agents, the rest for trainers. Unchanged when the rank was bound to too few
+    cores to split (srun --cpu-bind already separated the ranks)."""
+    if agent_cores <= 0 or len(allowed) <= agent_cores:
+        return allowed
+    return allowed[-agent_cores:] if is_agent else allowed[:-agent_cores]
+
+
 def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode: str = "trainer",
-                 comm=None) -> Layout:
+                 agent_cores: int = 0, comm=None) -> Layout:
     from mpi4py import MPI
 
     world = comm if comm is not None else MPI.COMM_WORLD
@@ -116,10 +127,20 @@ def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode
     # Oversubscribed ranks each starting one thread per core thrash; share the host's cores
     # instead. Count ranks per host by name, not by the shared-memory communicator, which MPI
     # may split finer than the host (e.g. MPIR_CVAR_NUM_CLIQUES emulating several nodes).
+    # With --agent-cores the agents get cores of their own (an LLM beside busy trainers costs
+    # them a third of their speed: platform notes) and the trainers share the rest.
     hostname = socket.gethostname()
-    on_host = sum(h == hostname for h in world.allgather(hostname))
-    threads = max(1, min(cores_available(), (os.cpu_count() or 1) // on_host))
+    cpus = split_cores(sorted(os.sched_getaffinity(0)), agent_cores, is_agent) if hasattr(os, "sched_getaffinity") else []
+    if cpus and agent_cores:
+        os.sched_setaffinity(0, cpus)
+    peers = world.allgather((hostname, is_agent))
+    if agent_cores:  # share among the ranks of the same kind on this host
+        on_host = sum(p == (hostname, is_agent) for p in peers)
+        threads = max(1, len(cpus) // on_host)
+    else:
+        on_host = sum(h == hostname for h, _ in peers)
+        threads = max(1, min(cores_available(), (os.cpu_count() or 1) // on_host))
     if is_agent:  # Split with UNDEFINED hands agents COMM_NULL
         trainers = node_trainers = None
     return Layout(world, node, trainers, node_trainers, node_id, num_nodes, is_agent, partition_mode, partition_id,
-                  num_parts, num_trainers, threads, hostname)
+                  num_parts, num_trainers, threads, hostname, cpus)

@@ -5,23 +5,29 @@ the buffer (``rudder.buffer``) does the how. A policy is one class and one ``@re
     static     fill once (by --buffer-init), never replace (MassiveGNN with delta = alpha = 0)
     fixed      replace every --delta minibatches, counted across epochs (MassiveGNN, "DistDGL+fixed")
     heuristic  ask the node's agent rank, which applies the paper's prompt rules (rudder.agent)
+    classifier ask the node's agent rank, where a model trained offline decides (rudder.classifier)
     llm        ask the node's agent rank, where a small LLM decides in context (rudder.llm)
     lookahead  sample --lookahead W minibatches ahead and keep, of the buffer and this minibatch's
                fetched rows, those needed soonest within the window (Belady inside the window;
                the clairvoyant design point of RapidGNN/Ginex)
+    replay     replace at the minibatches where an earlier run (--replay RUN) replaced: the same
+               buffer work without its decision maker (to price an agent's overhead)
 
-Agent and classifier policies (the agent issue) plug into the same interface.
+``fixed --collect-traces`` is the classifiers' collection mode: it logs one training row per
+replacement interval (``rudder.classifier.TraceCollector``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from rudder.registry import Registry
 
 POLICIES = Registry()
 register = POLICIES.register
 # Who asked for a replacement, as logged per minibatch (``asked_by``); the agent issue adds its own.
-ASKERS = {"": 0, "timer": 1, "agent": 2, "classifier": 3}
+ASKERS = {"": 0, "timer": 1, "agent": 2, "classifier": 3, "replay": 4}
 
 
 @dataclass
@@ -32,6 +38,7 @@ class MinibatchView:
     misses: int  # admissible misses
     candidates: int  # slots below the eviction threshold right now
     hit_percent: int = 0  # cumulative integer %-hits including this minibatch (spec 1.10)
+    refetched: int = 0  # misses the last replacement had evicted (its regret; the spec's post Node_Freq)
 
 
 class Policy:
@@ -43,6 +50,13 @@ class Policy:
 
     def __init__(self, cfg):
         self.cfg = cfg
+
+    def log_tables(self, cfg) -> dict:
+        """Tables this policy adds to the trainer's log (name: row dtype)."""
+        return {}
+
+    def start(self, trainer) -> None:
+        """Once the trainer is built (its facts, layout and log exist), before the first minibatch."""
 
     def wants_replacement(self, view: MinibatchView) -> bool:
         return False
@@ -67,9 +81,36 @@ class Static(Policy):
 @register("fixed")
 class Fixed(Policy):
     asker = "timer"
+    collector = None
+
+    def log_tables(self, cfg) -> dict:
+        from rudder.classifier import TRACE_ROW
+
+        return {"classifier_trace": TRACE_ROW} if cfg.collect_traces else {}
+
+    def start(self, trainer) -> None:
+        if self.cfg.collect_traces:
+            from rudder.classifier import TraceCollector
+
+            self.collector = TraceCollector(trainer.facts, self.cfg.agent_window, trainer.log)
 
     def wants_replacement(self, view: MinibatchView) -> bool:
         return view.counter % self.cfg.delta == 0
+
+    def observe(self, view: MinibatchView, refills: int) -> None:
+        if self.collector is not None:
+            self.collector.observe(view, self.wants_replacement(view), refills)
+
+
+@register("replay")
+class Replay(Policy):
+    asker = "replay"
+
+    def start(self, trainer) -> None:
+        self.at = replacement_minibatches(self.cfg.replay, trainer.layout.trainer_rank, trainer.steps_per_epoch)
+
+    def wants_replacement(self, view: MinibatchView) -> bool:
+        return view.counter in self.at
 
 
 @register("lookahead")
@@ -88,8 +129,11 @@ class AgentPolicy(Policy):
     asker = "agent"
     needs_agent = True
 
-    def attach(self, link, steps_per_epoch: int, total: int) -> None:
-        self.link, self.steps_per_epoch, self.total = link, steps_per_epoch, total
+    def start(self, trainer) -> None:
+        from rudder.agent import AgentLink
+
+        self.link = AgentLink(trainer.layout, trainer.facts, self.cfg.agent_window)
+        self.steps_per_epoch, self.total = trainer.steps_per_epoch, trainer.facts["total_minibatches"]
         self.applying = None  # (request id, evict?) of the answer found on this minibatch
 
     def wants_replacement(self, view: MinibatchView) -> bool:
@@ -108,7 +152,7 @@ class AgentPolicy(Policy):
             self.link.record_outcome(self.applying[0], view.counter, refills, view.candidates)
             if self.applying[1]:
                 return  # a minibatch that acted on "evict" sends nothing (its stats are stale)
-        self.link.observe({"hitrate": view.hit_percent, "comm_volume": view.misses})
+        self.link.observe(window_metrics(view))
         epoch, step = divmod(view.counter, self.steps_per_epoch)
         self.link.maybe_request(view.counter, epoch, step, self.total - view.counter - 1)
 
@@ -121,9 +165,37 @@ class HeuristicAgent(AgentPolicy):
     pass
 
 
+@register("classifier")
+class ClassifierAgent(AgentPolicy):
+    asker = "classifier"
+
+
 @register("llm")
 class LLMAgent(AgentPolicy):
     pass
+
+
+def replacement_minibatches(run_dir: str, trainer_rank: int, steps_per_epoch: int) -> set[int]:
+    """The minibatch counters at which trainer ``trainer_rank`` of an earlier run replaced."""
+    from rudder.analyze import load_run
+
+    run = load_run(run_dir)
+    mine = [r for r in run.ranks if r.layout["trainer_rank"] == trainer_rank]
+    if not mine:
+        raise ValueError(f"--replay {run_dir}: no log of trainer {trainer_rank}")
+    if mine[0].run["steps_per_epoch"] != steps_per_epoch:
+        raise ValueError(f"--replay {run_dir}: {mine[0].run['steps_per_epoch']} steps per epoch there, "
+                         f"{steps_per_epoch} here (replay needs the same data, batch size and ranks)")
+    mb = mine[0].minibatches
+    replaced = mb[mb["replaced"] == 1]
+    return set((replaced["epoch"].astype(np.int64) * steps_per_epoch + replaced["step"]).tolist())
+
+
+def window_metrics(view: MinibatchView) -> dict:
+    """One minibatch's entry in an agent window (``rudder.agent.WINDOW_METRICS``), the same for
+    the agent and a classifier's collection mode."""
+    return {"hitrate": view.hit_percent, "comm_volume": view.misses, "candidates": view.candidates,
+            "refetched": view.refetched}
 
 
 def make_policy(cfg) -> Policy:

@@ -21,6 +21,7 @@ Layout of a log::
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -45,6 +46,7 @@ class RunLog:
         self.pieces: dict[str, list] = {name: [] for name in self.ragged}
         self.ragged_end = dict.fromkeys(self.ragged, 0)
         self.last_flush = time.monotonic()
+        self.lock = threading.Lock()  # rows may come from the pipeline thread too (a policy's own table)
         with h5py.File(path, "w", locking=False) as f:
             f.attrs.update({"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "status": "running", "error": "",
                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "finished": ""})
@@ -57,10 +59,13 @@ class RunLog:
                 f.create_dataset(f"{name}/offsets", data=np.zeros(1, dtype=np.int64), maxshape=(None,), chunks=(4096,))
 
     def append(self, table: str, row: tuple) -> None:
-        self.rows[table].append(row)
+        with self.lock:
+            self.rows[table].append(row)
 
     def append_ragged(self, name: str, values: np.ndarray) -> None:
-        self.pieces[name].append(np.asarray(values, dtype=self.ragged[name]))
+        values = np.asarray(values, dtype=self.ragged[name])
+        with self.lock:
+            self.pieces[name].append(values)
 
     def maybe_flush(self) -> None:
         if time.monotonic() - self.last_flush >= self.flush_seconds:
@@ -70,18 +75,19 @@ class RunLog:
         """Append buffered rows (and set ``attrs``), leaving a closed, complete file."""
         import h5py
 
+        with self.lock:  # take what is buffered; appends meanwhile go to fresh lists
+            taken_rows, self.rows = self.rows, {name: [] for name in self.tables}
+            taken_pieces, self.pieces = self.pieces, {name: [] for name in self.ragged}
         with h5py.File(self.path, "a", locking=False) as f:
-            for name, rows in self.rows.items():
+            for name, rows in taken_rows.items():
                 if rows:
                     _extend(f[name], np.array(rows, dtype=self.tables[name]))
-                    rows.clear()
-            for name, pieces in self.pieces.items():
+            for name, pieces in taken_pieces.items():
                 if pieces:
                     sizes = np.array([p.size for p in pieces], dtype=np.int64)
                     _extend(f[f"{name}/values"], np.concatenate(pieces))
                     _extend(f[f"{name}/offsets"], self.ragged_end[name] + np.cumsum(sizes))
                     self.ragged_end[name] += int(sizes.sum())
-                    pieces.clear()
             f.attrs.update(attrs)
         self.last_flush = time.monotonic()
 

@@ -47,7 +47,9 @@ MINIBATCH_ROW = np.dtype([
     ("adjacency_rows_rma", "i8"), ("adjacency_bytes_rma", "i8"),  # sampling's remote CSR reads
     # the prefetch buffer (zeros without one): spec 1.10's metrics
     ("hits", "i8"), ("misses", "i8"),  # cacheable inputs found / not found in the buffer
-    ("refills", "i8"), ("evictions", "i8"), ("candidates", "i8"), ("replaced", "i1"),
+    ("refills", "i8"), ("evictions", "i8"), ("candidates", "i8"),
+    ("refetched", "i8"),  # misses the last replacement had evicted (its regret)
+    ("replaced", "i1"),
     ("asked_by", "i1"),  # who asked for the replacement (rudder.policies.ASKERS)
     ("occupancy", "i8"),
     ("comm_volume", "i8"),  # the paper's: misses + refills
@@ -133,19 +135,11 @@ class Trainer:
         self.assembler = FeatureAssembler(self.features, self.policy, settings, part, meta.num_nodes,
                                           np.random.default_rng([cfg.seed, 2, layout.partition_id]), self.shared)
         fill = self.assembler.fill()
-        if self.policy.needs_agent:
-            from rudder.agent import AgentLink
-
-            facts = {"world_rank": layout.world.rank, "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "partition": layout.trainer_rank,
-                     "num_parts": meta.num_parts, "batch_size": self.batch_size,
-                     "total_minibatches": self.steps_per_epoch * cfg.epochs, "halo": part.halo_nodes.size,
-                     "capacity": self.assembler.buffer.capacity}
-            self.policy.attach(AgentLink(layout, facts, cfg.agent_window), self.steps_per_epoch,
-                               self.steps_per_epoch * cfg.epochs)
-        if cfg.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
-            torch.set_num_threads(layout.threads_per_rank - 1)
-        self.pipeline = MinibatchPipeline(self.schedule(), self.sampler, self.assembler, cfg.prefetch_depth,
-                                          self.policy.lookahead)
+        # What the agent (and a classifier's features) know of this trainer, fixed for the run.
+        self.facts = {"world_rank": layout.world.rank, "num_nodes": meta.num_nodes, "num_edges": meta.num_edges,
+                      "partition": layout.trainer_rank, "num_parts": meta.num_parts, "batch_size": self.batch_size,
+                      "total_minibatches": self.steps_per_epoch * cfg.epochs, "halo": part.halo_nodes.size,
+                      "capacity": self.assembler.buffer.capacity if self.assembler.buffer is not None else 0}
         self.last_eval: dict[str, float] = {}
         self.stop_signal = 0  # after a stop: the signal that caused it (the same on every rank)
 
@@ -160,8 +154,13 @@ class Trainer:
         self.log = RunLog(log_path(cfg.run_dir, layout.world.rank),
                           {"role": "trainer", "config": cfg.to_json(), "versions": json.dumps(library_versions()),
                            "layout": json.dumps(layout.describe()), "run": json.dumps(run), "data": json.dumps(data)},
-                          {"minibatches": MINIBATCH_ROW, "epochs": EPOCH_ROW},
+                          {"minibatches": MINIBATCH_ROW, "epochs": EPOCH_ROW, **self.policy.log_tables(cfg)},
                           {"trace_remote_inputs": np.int64} if cfg.trace else None, flush_seconds=cfg.log_flush_seconds)
+        self.policy.start(self)  # before the pipeline thread first asks it
+        if cfg.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
+            torch.set_num_threads(layout.threads_per_rank - 1)
+        self.pipeline = MinibatchPipeline(self.schedule(), self.sampler, self.assembler, cfg.prefetch_depth,
+                                          self.policy.lookahead)
 
     def schedule(self):
         """(epoch, step, seeds) for the whole run: each epoch a fresh shuffle of the partition's
@@ -203,7 +202,7 @@ class Trainer:
         row = (item.epoch, item.step, seeds.size, mb.input_nodes.size, remote.size, halo,
                fetch.rows_local, fetch.rows_shared, fetch.rows_remote, fetch.bytes_remote, fetch.owners_touched,
                mb.stats.rows_remote, mb.stats.bytes_remote,
-               a.hits, a.misses, a.refills, a.evictions, a.candidates, a.replaced, a.asked_by, a.occupancy, a.comm_volume,
+               a.hits, a.misses, a.refills, a.evictions, a.candidates, a.refetched, a.replaced, a.asked_by, a.occupancy, a.comm_volume,
                a.hit_percent, a.hit_total / looked if looked else 0.0,
                item.t_sample, item.t_assemble, a.t_lookup, a.t_replace, fetch.seconds_remote + mb.stats.seconds_remote,
                waited, t3 - t2, t4 - t3, t5 - t4,

@@ -63,7 +63,8 @@ def run_train(ranks: int, *args, timeout=300, env=None):
 def read_logs(run_dir) -> list[dict]:
     """Every rank's log in RUN_DIR, in rank order, read into memory (files closed again):
     ``attrs``, the parsed ``layout`` and ``run``, ``role``, ``status``, and each table there
-    (``minibatches``, ``epochs``, ``decisions``, ``outcomes``, ``trace/offsets``, ``trace/values``).
+    (``minibatches``, ``epochs``, ``decisions``, ``outcomes``, ``classifier_trace``, ``trace/offsets``,
+    ``trace/values``), and an agent's ``prompt``, ``answer`` and ``fallback_reason`` texts.
     Opened without HDF5's file lock, as a live log must be."""
     import glob
     import json
@@ -76,7 +77,12 @@ def read_logs(run_dir) -> list[dict]:
             attrs = dict(f.attrs)
             entry = {"attrs": attrs, "layout": json.loads(attrs["layout"]), "run": json.loads(attrs["run"]),
                      "role": attrs["role"], "status": attrs["status"]}
-            entry.update({name: f[name][()] for name in ("minibatches", "epochs", "decisions", "outcomes") if name in f})
+            entry.update({name: f[name][()] for name in ("minibatches", "epochs", "decisions", "outcomes", "classifier_trace")
+                          if name in f})
+            for name in ("prompt", "answer", "fallback_reason"):  # an agent's ragged text, one string per decision
+                if name in f:
+                    offsets, values = f[f"{name}/offsets"][()], f[f"{name}/values"][()].tobytes()
+                    entry[name] = [values[a:b].decode() for a, b in zip(offsets[:-1], offsets[1:])]
             if "trace_remote_inputs" in f:
                 entry.update({f"trace/{k}": f[f"trace_remote_inputs/{k}"][()] for k in ("offsets", "values")})
             out.append(entry)

@@ -4,6 +4,7 @@ agent never blocks training, and training stays bit-identical to no buffer. Plus
 heuristic's rules."""
 from __future__ import annotations
 
+import os
 from collections import deque
 
 import numpy as np
@@ -60,11 +61,19 @@ def test_agents_serve_their_own_node_and_decisions_apply_where_logged(parts, tmp
 
 
 def test_a_slow_agent_never_blocks_training(parts, tmp_path):
-    # 100 minibatches per trainer, a quarter second per decision: several decisions land mid-run
-    logs = train(parts, str(tmp_path / "slow"), 6, "--policy", "heuristic", "--agent-delay", "0.25", epochs=20)
+    # 100 minibatches per trainer, a quarter second per decision: several decisions land mid-run;
+    # the agents keep a core of their own (two agents share the last core, the trainers the rest)
+    logs = train(parts, str(tmp_path / "slow"), 6, "--policy", "heuristic", "--agent-delay", "0.25", "--agent-cores", "1",
+                 epochs=20)
+    cores = sorted(os.sched_getaffinity(0))
+    for e in logs.values():
+        if len(cores) >= 2:
+            assert e["layout"]["cpus"] == (cores[-1:] if e["role"] == "agent" else cores[:-1])
     for agent in (e for e in logs.values() if e["role"] == "agent"):
         d, o = agent["decisions"], agent["outcomes"]
         assert d.size >= 1 and (d["latency"] >= 0.25).all()
+        per_trainer = np.unique(d["trainer"], return_counts=True)[1]
+        assert per_trainer.size == 2 and per_trainer.max() - per_trainer.min() <= 1  # oldest request first: fair
         requested = {(int(t), int(r)): int(m) for t, r, m in zip(d["trainer"], d["request"], d["minibatch"])}
         gaps = [int(a) - requested[(int(t), int(r))] for t, r, a in zip(o["trainer"], o["request"], o["applied_minibatch"])]
         # The trainers went on training while the agent thought: answers land minibatches later.
@@ -92,3 +101,18 @@ def test_heuristic_rules():
     assert h.decide(context([record("decision_no_evict", hit=2)])).decision == KEEP  # rising on its own
     flat = [record("triggered", 5, hit=0.1), record("triggered", 0)]
     assert h.decide(context(flat, hitrate=0)).decision == KEEP  # evictions changed nothing
+
+
+def test_replay_repeats_a_runs_replacements_without_an_agent(parts, tmp_path):
+    original = train(parts, str(tmp_path / "heuristic"), 6, "--policy", "heuristic")
+    replay = train(parts, str(tmp_path / "replay"), 4, "--policy", "replay", "--replay", str(tmp_path / "heuristic"))
+    assert sorted(replay) == [0, 1, 2, 3]  # no agent ranks
+    for rank, t in replay.items():
+        a, b = original[rank]["minibatches"], t["minibatches"]
+        assert a["replaced"].sum() > 0
+        for column in ("replaced", "hits", "misses", "refills", "candidates", "refetched", "loss"):
+            np.testing.assert_array_equal(a[column], b[column])  # the same buffer work, the same training
+        assert set(b["asked_by"][b["replaced"] == 1]) == {4}  # ASKERS["replay"]
+    proc = run_train(4, "--data", parts, "--run-dir", tmp_path / "r", "--policy", "replay", "--replay", tmp_path / "nothing",
+                     env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+    assert proc.returncode == 2 and "--replay" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -1,0 +1,99 @@
+"""What the agent costs training: epoch time with an agent rank deciding (llm, heuristic) vs the
+same run replaying the same decisions with no agent at all (``--policy replay``), and the LLM's
+decision latency per model and thread count.
+
+Both runs of a pair use the same data, seed and ``--agent-cores 1`` (the agent's core is kept
+free in the replay run too), so they do identical buffer work at identical minibatches (checked:
+the rows fetched must match) and differ only by the agent's presence: its messages, its
+tests for answers, and whatever its model takes from the trainers' cores. Target: llm / replay
+<= 1.03. Epoch time = slowest trainer, median over epochs (rudder.analyze).
+
+    python bench/agent.py [--parts 2] [--epochs 20] [--batch-size 64] [--decisions 6]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from bench.mpi_job import FACEBOOK, cached_partition, train_job  # noqa: E402
+from rudder.analyze import load_run, summarize  # noqa: E402
+
+
+def pair(parts: str, out: str, n: int, policy: str, flags: list[str]) -> dict:
+    run, replay = os.path.join(out, policy), os.path.join(out, f"{policy}-replay")
+    train_job(parts, run, n + 1, 1, ["--policy", policy, "--agent-cores", "1", *flags])
+    train_job(parts, replay, n, 1, ["--policy", "replay", "--replay", run, "--agent-cores", "1", *flags])
+    a, b = summarize(load_run(run)), summarize(load_run(replay))
+    volume = [s["buffer"]["comm_volume"] for s in (a, b)]
+    if volume[0] != volume[1]:
+        raise SystemExit(f"{policy}: the replay's communication volume is {volume[1]} rows, the original's {volume[0]}: "
+                         f"not the same work")
+    return {"policy": policy, "epoch": a["epochs"]["median_seconds"], "replay": b["epochs"]["median_seconds"],
+            "decisions": a["decisions"]["count"], "latency": a["decisions"]["latency_mean"],
+            "rows": a["traffic"]["remote_rows_fetched_per_epoch"]}
+
+
+def latency(model: str, threads: int, decisions: int) -> tuple[float, float]:
+    """Mean decision seconds after the first (warm) one, and the share of fallbacks."""
+    from rudder.config import TrainConfig
+    from rudder.llm import LLM
+    from test_llm import random_context
+
+    llm = LLM(TrainConfig(data="-", run_dir="-", policy="llm", llm_model=model, llm_threads=threads).check())
+    rng, times, fallbacks = np.random.default_rng(0), [], 0
+    try:
+        for i in range(decisions):
+            ctx = random_context(rng)
+            ctx.facts["partition"] = i % 4  # trainers take turns, as on a node
+            t = time.perf_counter()
+            fallbacks += bool(llm.decide(ctx).fallback_reason)
+            times.append(time.perf_counter() - t)
+    finally:
+        llm.close()
+    return float(np.mean(times)), fallbacks / decisions
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", type=int, default=2, help="trainer ranks (one more rank is the agent)")
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--decisions", type=int, default=6, help="decisions per latency measurement")
+    ap.add_argument("--out", default=os.path.join(REPO, "runs", "bench-agent"))
+    a = ap.parse_args()
+    if os.path.isfile(os.path.join(FACEBOOK, "facebook_edges.csv")):
+        name, spec = "facebook", f"musae:{FACEBOOK}:facebook"
+    else:
+        name, spec = "cora", f"planetoid:{os.path.join(REPO, 'data', 'cora')}:cora"
+    parts = cached_partition(spec, a.parts, os.path.join(a.out, f"{name}-{a.parts}"))
+    flags = ["--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--agent-window", "1"]
+    print(f"{name}, {a.parts} trainers + 1 agent (its own core), batch {a.batch_size}, {a.epochs} epochs; "
+          f"{os.cpu_count()} cores")
+    print(f"{'policy':10} {'epoch s':>8} {'replay s':>8} {'ratio':>6} {'decisions':>9} {'latency s':>9} {'rows/epoch':>10}")
+    for policy in ("heuristic", "llm"):
+        r = pair(parts, a.out, a.parts, policy, flags)
+        print(f"{policy:10} {r['epoch']:8.3f} {r['replay']:8.3f} {r['epoch'] / r['replay']:6.3f} {r['decisions']:9d} "
+              f"{r['latency'] or 0:9.3f} {r['rows']:10.0f}", flush=True)
+
+    from rudder.llm import default_model
+    from tiny_gguf import write_tiny_gguf
+
+    tiny = write_tiny_gguf(os.path.join(a.out, "tiny.gguf"))
+    print(f"\ndecision latency, in-process llama.cpp, idle machine, prompt v2, {a.decisions} decisions (first one warm)")
+    print(f"{'model':28} {'threads':>7} {'mean s':>7} {'fallbacks':>9}")
+    for label, model in (("SmolLM2-135M-Instruct Q4_1", default_model()), ("random-weight tiny (tests)", tiny)):
+        for threads in (1, 2):
+            mean, fb = latency(model, threads, a.decisions)
+            print(f"{label:28} {threads:7d} {mean:7.2f} {fb:9.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
