@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -72,13 +73,15 @@ def _install() -> str | None:
 
 
 def _start_munge(d: str) -> tuple[str, int]:
-    """A munged of our own (socket and pid in ``d``), run as user munge; returns its PID."""
+    """A munged of our own (socket and pid in ``d``), run as user munge: (socket, PID). munged
+    insists that every directory above its socket is executable by all."""
     key = "/etc/munge/munge.key"
     if not os.path.exists(key):
         subprocess.run(["mungekey", "--create", "--keyfile", key], check=True, capture_output=True)
         shutil.chown(key, "munge", "munge")
         os.chmod(key, 0o400)
     shutil.chown(d, "munge", "munge")
+    os.chmod(d, 0o755)
     socket_path, pid_file = os.path.join(d, "munge.socket"), os.path.join(d, "munged.pid")
     subprocess.run(["runuser", "-u", "munge", "--", "munged", "--socket", socket_path, "--pid-file", pid_file,
                     "--log-file", os.path.join(d, "munged.log"), "--seed-file", os.path.join(d, "munged.seed")],
@@ -92,8 +95,7 @@ def slurm(tmp_path_factory):
     if reason:
         pytest.skip(f"no Slurm: {reason}")
     d = str(tmp_path_factory.mktemp("slurm"))
-    munge_dir = os.path.join(d, "munge")
-    os.makedirs(munge_dir)
+    munge_dir = tempfile.mkdtemp(prefix="rudder-munge.", dir="/run" if os.access("/run", os.W_OK) else None)
     for sub in ("spool", "state"):
         os.makedirs(os.path.join(d, sub))
     host = socket.gethostname()
@@ -130,6 +132,7 @@ def slurm(tmp_path_factory):
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    shutil.rmtree(munge_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
