@@ -37,6 +37,8 @@ def checked(world, step):
 
 
 def prepare_run_dir(cfg) -> None:
+    if cfg.resume:  # the logs go on where the checkpoint left them
+        return
     existing = sorted(glob.glob(os.path.join(cfg.run_dir, "rank-*.h5")))
     if existing and not cfg.overwrite:
         raise ConfigError(f"--run-dir {cfg.run_dir}: already holds the logs of a run ({os.path.basename(existing[0])}, ...); "
@@ -93,6 +95,23 @@ def check_policy_inputs(cfg, layout) -> None:
             raise ConfigError(f"--replay {e}") from None
 
 
+def check_resume(cfg, layout) -> None:
+    """--resume RUN: a checkpoint of a job shaped like this one, with epochs left to train."""
+    if not cfg.resume:
+        return
+    from rudder import checkpoint
+
+    try:
+        record = checkpoint.latest(cfg.run_dir)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--resume {cfg.run_dir}: {e}") from None
+    if record["world_size"] != layout.world.size:
+        raise ConfigError(f"--resume {cfg.run_dir}: the checkpoint is of a {record['world_size']}-rank job; "
+                          f"launch {record['world_size']} ranks (this job has {layout.world.size})")
+    if cfg.epochs <= record["epoch"]:
+        raise ConfigError(f"--epochs {cfg.epochs}: the checkpoint is in epoch {record['epoch']}; resume with more epochs")
+
+
 def check_device(cfg) -> None:
     import torch
 
@@ -127,6 +146,7 @@ def start_up(world, argv):
         (None, lambda: share_cores(state["layout"]), ""),
         (None, lambda: check_device(state["cfg"]), ""),
         (None, lambda: check_policy_inputs(state["cfg"], state["layout"]), ""),
+        (None, lambda: check_resume(state["cfg"], state["layout"]), ""),
         (None, lambda: verify_own_partition(state["cfg"], state["layout"], state["meta"]), ""),
     ]
     for name, step, prefix in steps:
@@ -167,7 +187,8 @@ def main(argv=None) -> int:
         return 0
 
     trainer = None
-    stop = StopRequest(lambda why: abort_job(None, why, log=trainer.log if trainer else None, code=130)).install()
+    stop = StopRequest(lambda why: abort_job(None, why, log=trainer.log if trainer else None, code=130),
+                       grace=120.0 if cfg.checkpoint_every else 15.0).install()  # a checkpoint comes first
     try:
         trainer = Trainer(cfg, layout, meta, stop)
         progress = Progress(cfg.progress, cfg.epochs, trainer.steps_per_epoch) if world.rank == 0 else None

@@ -20,6 +20,9 @@
 #   RUDDER_CLASSIFIER      model file for --policy classifier
 #   RUDDER_DEVICE          cpu|cuda [cpu]
 #   RUDDER_EPOCHS          [100]
+#   RUDDER_CHECKPOINT_EVERY  N minibatches or Ns seconds [600s]; a checkpoint is also taken on
+#                          the SIGTERM Slurm sends before the time limit; a run directory with a
+#                          checkpoint is resumed instead of started (requeued jobs go on)
 #   RUDDER_ARGS            any further drivers/train.py flags, e.g. "--batch-size 1000 --fanouts 10,25"
 #   RUDDER_VENV            a virtual environment to activate [the repository's .venv if present]
 #   RUDDER_MODULES         modules to load first, e.g. "python pytorch cray-mpich"
@@ -48,8 +51,10 @@ else
   bind=(--cpu-bind=none)
 fi
 
-args=(--data "$RUDDER_DATA" --run-dir "${RUDDER_RUN_DIR:-runs/slurm-$SLURM_JOB_ID}" --policy "$policy"
-      --epochs "${RUDDER_EPOCHS:-100}" --device "${RUDDER_DEVICE:-cpu}" --progress lines)
+run_dir=${RUDDER_RUN_DIR:-runs/slurm-$SLURM_JOB_ID}
+args=(--data "$RUDDER_DATA" --run-dir "$run_dir" --policy "$policy"
+      --epochs "${RUDDER_EPOCHS:-100}" --device "${RUDDER_DEVICE:-cpu}" --progress lines
+      --checkpoint-every "${RUDDER_CHECKPOINT_EVERY:-600s}")
 if [ "$agents" = 1 ]; then args+=(--agent-cores "${RUDDER_AGENT_CORES:-2}"); fi
 if [ "$policy" = llm ] && [ -n "${RUDDER_LLM_URL:-}" ]; then
   args+=(--llm-url "$RUDDER_LLM_URL" --llm-dialect "${RUDDER_LLM_DIALECT:-grammar}")
@@ -57,6 +62,13 @@ elif [ "$policy" = llm ] && [ -n "${RUDDER_MODEL:-}" ]; then
   args+=(--llm-model "$RUDDER_MODEL")
 fi
 if [ "$policy" = classifier ]; then args+=(--classifier-model "${RUDDER_CLASSIFIER:?set RUDDER_CLASSIFIER}"); fi
+
+# A requeued (preempted) or resubmitted job with a checkpoint in its run directory continues it
+# with the checkpointed settings (--epochs may grow).
+if [ -f "$run_dir/checkpoint/latest.json" ]; then
+  echo "rudder-job: resuming $run_dir from its latest checkpoint"
+  args=(--resume "$run_dir" --epochs "${RUDDER_EPOCHS:-100}" --progress lines)
+fi
 
 # Each rank is bound to its own cores (then --agent-cores has nothing to split); ranks of a node
 # are consecutive, so the last rank of each node is its agent. --kill-on-bad-exit: a rank killed

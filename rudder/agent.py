@@ -25,6 +25,7 @@ Decision makers are a registry (``DECIDERS``), one class each; this module has `
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ import numpy as np
 from rudder.registry import Registry
 
 TAG_TO_AGENT, TAG_TO_TRAINER = 71, 72
-HELLO, REQUEST, BYE = 0, 1, 2
+HELLO, REQUEST, BYE, CHECKPOINT = 0, 1, 2, 3
 KEEP, EVICT = 0, 1
 IMPACTS = ("stagnant", "increase", "decrease")
 # Per-minibatch metrics a trainer reports, averaged over its window: hit rate (cumulative integer
@@ -177,6 +178,10 @@ class AgentLink:
     def record_outcome(self, request: int, applied: int, evicted: int, candidates: int) -> None:
         self.report = [float(request), float(applied), float(evicted), float(candidates)]
 
+    def checkpoint(self, counter: int) -> None:
+        """Tell the agent that this trainer checkpoints after minibatch ``counter``."""
+        self._send(np.array([CHECKPOINT, counter] + [0.0] * (len(REQUEST_FIELDS) - 2)))
+
     def close(self) -> None:
         """Say BYE and collect the last answer (the agent answers everything before a BYE, and
         cuts a decision short once it sees the BYE behind it)."""
@@ -201,10 +206,13 @@ OUTCOME_ROW = np.dtype([("trainer", "i4"), ("request", "i4"), ("applied_minibatc
 
 
 class AgentServer:
-    def __init__(self, layout, decider: Decider, log, delay: float = 0.0):
+    def __init__(self, layout, decider: Decider, log, delay: float = 0.0, run_dir: str = "", contexts=None):
+        """``contexts``: the trainers' contexts from a checkpoint, when the run is resumed."""
         self.comm, self.decider, self.log, self.delay = layout.node, decider, log, delay
+        self.run_dir, self.world_rank = run_dir, layout.world.rank
         self.trainers = self.comm.size - 1  # every other rank of the node trains
-        self.contexts: dict[int, TrainerContext] = {}
+        self.contexts: dict[int, TrainerContext] = dict(contexts or {})
+        self.checkpoints: dict[int, int] = {}  # counter: trainers that reported it
         self.gone: set[int] = set()  # trainers that said BYE
         self.decisions = 0
 
@@ -215,7 +223,7 @@ class AgentServer:
         from mpi4py import MPI
 
         done, sends, waiting = 0, [], deque()
-        status = MPI.Status()
+        status, idle = MPI.Status(), 0.0005
         while done < self.trainers or waiting:
             while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_TO_AGENT, status=status):
                 buf = np.zeros(max(len(REQUEST_FIELDS), len(HELLO_FIELDS)))
@@ -223,22 +231,44 @@ class AgentServer:
                 self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=TAG_TO_AGENT)
                 trainer, kind = status.Get_source(), int(buf[0])
                 if kind == HELLO:
-                    self.contexts[trainer] = TrainerContext(dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist())))
+                    facts = dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist()))
+                    if trainer in self.contexts:  # resumed: its history goes on
+                        self.contexts[trainer].facts = facts
+                    else:
+                        self.contexts[trainer] = TrainerContext(facts)
+                elif kind == CHECKPOINT:
+                    self.checkpoint(int(buf[1]))
                 elif kind == BYE:
                     done += 1
                     self.gone.add(trainer)
                 else:
                     waiting.append((trainer, dict(zip(REQUEST_FIELDS, buf[:len(REQUEST_FIELDS)].tolist()))))
-            if not waiting:
+            if not waiting:  # idle: leave the core to the node's trainers, polling less and less often
                 self.log.maybe_flush()
-                time.sleep(0.0005)  # idle: leave the core to the node's trainers
+                time.sleep(idle)
+                idle = min(2 * idle, 0.005)
                 continue
+            idle = 0.0005
             trainer, req = waiting.popleft()
             answer = self.answer(trainer, req)
             sends = [r for r in sends if not r.Test()] + [self.comm.Isend(answer, dest=trainer, tag=TAG_TO_TRAINER)]
             self.log.maybe_flush()
         MPI.Request.Waitall(sends)
         return self.decisions
+
+    def checkpoint(self, counter: int) -> None:
+        """Once every trainer of the node checkpoints after ``counter``: save the contexts."""
+        from rudder import checkpoint
+
+        self.checkpoints[counter] = self.checkpoints.get(counter, 0) + 1
+        if self.checkpoints[counter] < self.trainers:
+            return
+        del self.checkpoints[counter]
+        self.log.flush()
+        contexts = {t: {"facts": c.facts, "history": list(c.history), "pending": c.pending, "last_evicted": c.last_evicted}
+                    for t, c in self.contexts.items()}
+        checkpoint.save(os.path.join(checkpoint.folder(self.run_dir, counter), f"agent-{self.world_rank:05d}.pt"),
+                        {"counter": counter, "contexts": contexts, "log_rows": dict(self.log.written)})
 
     def answer(self, trainer: int, req: dict) -> np.ndarray:
         ctx = self.contexts[trainer]
@@ -298,16 +328,20 @@ def run_agent(cfg, layout, meta) -> int:
     from rudder.run_log import RunLog, log_path
     from rudder.trainer import library_versions
 
+    contexts, rows = None, None
+    if cfg.resume:  # the contexts saved with the trainers' latest checkpoint (if the agent got there)
+        contexts, rows = resumed_contexts(cfg, layout)
     log = RunLog(log_path(cfg.run_dir, layout.world.rank),
                  {"role": "agent", "config": cfg.to_json(), "versions": json.dumps(library_versions()),
                   "layout": json.dumps(layout.describe()),
                   "run": json.dumps({"decider": cfg.policy, "prompt_version": _prompt_version(cfg)}),
                   "data": json.dumps({"dir": cfg.data, "dataset": meta.dataset})},
                  {"decisions": DECISION_ROW, "outcomes": OUTCOME_ROW},
-                 {"prompt": np.uint8, "answer": np.uint8, "fallback_reason": np.uint8}, flush_seconds=cfg.log_flush_seconds)
+                 {"prompt": np.uint8, "answer": np.uint8, "fallback_reason": np.uint8}, flush_seconds=cfg.log_flush_seconds,
+                 resume_rows=rows)
     decider = make_decider(cfg, layout.threads_per_rank)
     try:
-        decisions = AgentServer(layout, decider, log, cfg.agent_delay).serve()
+        decisions = AgentServer(layout, decider, log, cfg.agent_delay, cfg.run_dir, contexts).serve()
     except Exception as e:
         log.close("failed", f"{type(e).__name__}: {e}")
         raise
@@ -315,6 +349,23 @@ def run_agent(cfg, layout, meta) -> int:
         decider.close()
     log.close("completed")
     return decisions
+
+
+def resumed_contexts(cfg, layout) -> tuple[dict, dict]:
+    """(contexts by trainer, log row counts) from the latest checkpoint; without an agent file
+    there (the job ended before the agent saved), empty contexts and the log kept whole."""
+    from rudder import checkpoint
+
+    record = checkpoint.latest(cfg.run_dir)
+    path = os.path.join(checkpoint.folder(cfg.run_dir, record["counter"]), f"agent-{layout.world.rank:05d}.pt")
+    if not os.path.exists(path):
+        return {}, {name: np.iinfo(np.int64).max for name in ("decisions", "outcomes", "prompt", "answer", "fallback_reason")}
+    saved = checkpoint.load(path)
+    contexts = {}
+    for trainer, c in saved["contexts"].items():
+        contexts[trainer] = TrainerContext(c["facts"], history=deque(c["history"], maxlen=5), pending=c["pending"],
+                                           last_evicted=c["last_evicted"])
+    return contexts, saved["log_rows"]
 
 
 def _prompt_version(cfg) -> int:

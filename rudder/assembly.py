@@ -79,6 +79,15 @@ class FeatureAssembler:
             self.shared.comm.Barrier()
         return self.init_stats
 
+    def state_dict(self) -> dict:
+        return {"counter": self.counter, "hit_total": self.hit_total, "miss_total": self.miss_total,
+                "buffer": self.buffer.state_dict() if self.buffer is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.counter, self.hit_total, self.miss_total = state["counter"], state["hit_total"], state["miss_total"]
+        if self.buffer is not None:
+            self.buffer.load_state_dict(state["buffer"])
+
     def assemble(self, input_nodes: np.ndarray, future: list[np.ndarray] = ()) -> tuple[np.ndarray, AssemblyStats]:
         """Feature rows of ``input_nodes`` (unique global IDs); ``future``: the next minibatches'
         input nodes, nearest first (used by a lookahead policy)."""

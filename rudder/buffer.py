@@ -220,6 +220,17 @@ class ScoredBuffer:
             self.state[0] = 1
         return int(slots.size)
 
+    STATE = ("ids", "score", "features", "miss_count", "pending", "state")
+
+    def state_dict(self) -> dict:
+        """Copies of everything that changes (for a checkpoint)."""
+        return {**{k: getattr(self, k).copy() for k in self.STATE}, "last_evicted": self.last_evicted.copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in self.STATE:  # in place: the arrays may live in shared memory
+            getattr(self, k)[...] = state[k]
+        self.last_evicted = state["last_evicted"]
+
     @property
     def occupancy(self) -> int:
         return int((self.ids < self.num_nodes).sum())
@@ -285,3 +296,11 @@ class WindowBuffer:
     @property
     def occupancy(self) -> int:
         return int((self.ids < self.num_nodes).sum())
+
+    def state_dict(self) -> dict:
+        return {"ids": self.ids.copy(), "features": self.features.copy(), "last_used": self.last_used.copy(),
+                "order": self.order.copy(), "clock": self.clock}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ids, self.features, self.last_used = state["ids"], state["features"], state["last_used"]
+        self.order, self.clock = state["order"], state["clock"]

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 
@@ -67,6 +68,8 @@ class TrainConfig:
     classifier_model: str = ""  # a model file written by `python -m rudder.classifier train` (--policy classifier)
     collect_traces: bool = False  # with --policy fixed: log one classifier training row per replacement
     replay: str = ""  # with --policy replay: a run whose replacements are repeated at the same minibatches
+    checkpoint_every: str = ""  # "N": every N minibatches, "Ns": every N seconds (and on SIGTERM); "": never
+    resume: str = ""  # continue the run in this directory from its latest checkpoint
     prefetch_depth: int = 1  # minibatches prepared ahead in a background thread (0 = no overlap)
     log_flush_seconds: float = 2.0
     progress: str = "bar"  # bar | lines | none
@@ -129,7 +132,20 @@ class TrainConfig:
         need(self.buffer_sharing == "trainer" or POLICIES[self.policy].buffer_kind in ("scored", "none"), "buffer_sharing",
              f"trainer with --policy {self.policy} (node sharing is for the scored buffer)")
         need(self.prefetch_depth >= 0, "prefetch_depth", "0 (no overlap) or more minibatches")
+        need(self.checkpoint_every == "" or re.fullmatch(r"[1-9][0-9]*s?", self.checkpoint_every) is not None,
+             "checkpoint_every", "N (minibatches) or Ns (seconds), N a positive integer")
+        need(not self.checkpoint_every or self.buffer_sharing == "trainer", "checkpoint_every",
+             "no checkpoints with --buffer-sharing node (not supported yet)")
         return self
+
+    @property
+    def checkpoint_period(self) -> tuple[str, int] | None:
+        """("minibatches" | "seconds", N), or None without checkpoints."""
+        if not self.checkpoint_every:
+            return None
+        if self.checkpoint_every.endswith("s"):
+            return "seconds", int(self.checkpoint_every[:-1])
+        return "minibatches", int(self.checkpoint_every)
 
     def resolved_batch_size(self, max_train_per_trainer: int) -> int:
         if self.batch_size:
@@ -230,6 +246,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--collect-traces", action="store_const", const=True,
                     help="with --policy fixed: log one classifier training row per replacement interval")
     ap.add_argument("--replay", help="with --policy replay: repeat this earlier run's replacements at the same minibatches")
+    ap.add_argument("--checkpoint-every", help="save a checkpoint every N minibatches, or every Ns seconds (e.g. 600s), "
+                    "and on SIGTERM/SIGINT before stopping (Slurm's warning before the time limit)")
+    ap.add_argument("--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint, with its config "
+                    "(flags given here may change --epochs, --checkpoint-every, --progress, --log-flush-seconds)")
     ap.add_argument("--prefetch-depth", type=int, help="minibatches prepared ahead by a background thread (default 1)")
     ap.add_argument("--no-overlap", dest="prefetch_depth", action="store_const", const=0,
                     help="prepare each minibatch after the previous step (the DistDGL baseline's order)")
@@ -242,11 +262,37 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+RESUMABLE = ("epochs", "checkpoint_every", "progress", "log_flush_seconds", "resume", "overwrite", "verify_data")
+
+
+def checkpointed_config(run: str) -> dict:
+    """The config of the run a checkpoint in RUN belongs to."""
+    path = os.path.join(run, "checkpoint", "latest.json")
+    try:
+        with open(path) as f:
+            return json.load(f)["config"]
+    except OSError:
+        raise ConfigError(f"--resume {run}: no checkpoint there ({path} missing; was it run with --checkpoint-every?)") from None
+    except (ValueError, KeyError) as e:
+        raise ConfigError(f"--resume {run}: {path} is not a checkpoint record ({e})") from None
+
+
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """Defaults < --config FILE < flags; raises ConfigError (``--help`` prints and exits)."""
+    """Defaults < --config FILE < flags; raises ConfigError (``--help`` prints and exits). With
+    --resume RUN: the checkpointed run's config, then the flags that may change on resume."""
     args = vars(parser().parse_args(argv))
     values = _read_file(args.pop("config")) if args.get("config") else {}
     values.update({k: v for k, v in args.items() if v is not None and k != "config"})
+    if values.get("resume"):
+        run = os.path.abspath(values["resume"])
+        saved = checkpointed_config(run)
+        changed = sorted(k for k, v in values.items() if k not in RESUMABLE and k in saved and saved[k] != v
+                         and not (k == "data" and os.path.abspath(v) == saved[k]) and not (k == "run_dir" and
+                                                                                         os.path.abspath(v) == run))
+        if changed:
+            raise ConfigError(f"--resume {run}: --{changed[0].replace('_', '-')} {values[changed[0]]!r} differs from the "
+                              f"checkpointed run's {saved[changed[0]]!r} (only {', '.join(RESUMABLE[:4])} may change)")
+        values = {**saved, **{k: v for k, v in values.items() if k in RESUMABLE}, "run_dir": run, "resume": run}
     cfg = TrainConfig(**values)
     cfg.data, cfg.run_dir = (os.path.abspath(p) if p else p for p in (cfg.data, cfg.run_dir))
     return cfg.check()

@@ -25,10 +25,11 @@ class StepTotals:
     seeds: int  # seeds in the global minibatch (all trainers)
     loss_sum: float  # summed loss over those seeds
     stop: bool  # some rank asked to stop
+    checkpoint: bool = False  # some rank asked for a checkpoint
 
 
 class GradientAllreduce:
-    EXTRAS = 3  # seeds, loss sum, stop flag
+    EXTRAS = 4  # seeds, loss sum, stop flag, checkpoint flag
 
     def __init__(self, comm, module: torch.nn.Module):
         self.comm = comm
@@ -37,7 +38,7 @@ class GradientAllreduce:
         self.flat = torch.zeros(self.numel + self.EXTRAS, dtype=torch.float32)
         self.flat_np = self.flat.numpy()  # the same memory, for MPI
 
-    def allreduce(self, num_seeds: int, loss_sum: float, stop: bool) -> StepTotals:
+    def allreduce(self, num_seeds: int, loss_sum: float, stop: bool, checkpoint: bool = False) -> StepTotals:
         """Sum gradients (of summed losses) over the trainers, then set each ``.grad`` to the
         mean over all seeds. Collective: every trainer calls it once per step."""
         from mpi4py import MPI
@@ -48,9 +49,9 @@ class GradientAllreduce:
             self.flat[:self.numel].copy_(torch.cat(grads))
         else:  # an empty minibatch contributes nothing
             self.flat[:self.numel].zero_()
-        self.flat[self.numel:] = torch.tensor([num_seeds, loss_sum, 1.0 if stop else 0.0])
+        self.flat[self.numel:] = torch.tensor([num_seeds, loss_sum, float(stop), float(checkpoint)])
         self.comm.Allreduce(MPI.IN_PLACE, self.flat_np, op=MPI.SUM)
-        seeds, loss, stops = (float(x) for x in self.flat_np[self.numel:])
+        seeds, loss, stops, checkpoints = (float(x) for x in self.flat_np[self.numel:])
         if seeds > 0:
             self.flat[:self.numel].div_(seeds)
             offset = 0
@@ -62,7 +63,7 @@ class GradientAllreduce:
                 else:
                     p.grad.copy_(chunk)
                 offset += n
-        return StepTotals(int(round(seeds)), loss, stops > 0)
+        return StepTotals(int(round(seeds)), loss, stops > 0, checkpoints > 0)
 
 
 def broadcast_parameters(comm, module: torch.nn.Module, root: int = 0) -> None:

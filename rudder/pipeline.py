@@ -33,13 +33,16 @@ class Prepared:
     assembly: AssemblyStats
     t_sample: float
     t_assemble: float
+    snapshot: dict | None = None  # buffer and policy state right after this minibatch (a checkpoint's)
 
 
 class MinibatchPipeline:
-    def __init__(self, schedule, sampler, assembler, depth: int, lookahead: int = 0):
-        """``schedule``: iterator of (epoch, step, seeds) over the whole run."""
+    def __init__(self, schedule, sampler, assembler, depth: int, lookahead: int = 0, snapshot=None):
+        """``schedule``: iterator of (epoch, step, seeds) over the whole run; ``snapshot``:
+        ``(epoch, step) -> dict | None``, called right after a minibatch is assembled, before the
+        next one changes anything (a checkpoint's buffer and policy state)."""
         self.schedule, self.sampler, self.assembler = schedule, sampler, assembler
-        self.depth, self.lookahead = depth, lookahead
+        self.depth, self.lookahead, self.snapshot = depth, lookahead, snapshot
         self.ahead: collections.deque = collections.deque()  # sampled, not yet assembled
         self.done = False
         self.stop = threading.Event()
@@ -55,7 +58,7 @@ class MinibatchPipeline:
         except StopIteration:
             return False
         t = time.perf_counter()
-        mb = self.sampler.sample(seeds)
+        mb = self.sampler.sample(seeds, key=(epoch, step))
         self.ahead.append((epoch, step, seeds, mb, time.perf_counter() - t))
         return True
 
@@ -68,7 +71,9 @@ class MinibatchPipeline:
         t = time.perf_counter()
         future = [item[3].input_nodes for item in self.ahead]
         x, stats = self.assembler.assemble(mb.input_nodes, future)
-        return Prepared(epoch, step, seeds, mb, x, stats, t_sample, time.perf_counter() - t)
+        t_assemble = time.perf_counter() - t
+        state = self.snapshot(epoch, step) if self.snapshot is not None else None
+        return Prepared(epoch, step, seeds, mb, x, stats, t_sample, t_assemble, state)
 
     def _produce(self) -> None:
         try:

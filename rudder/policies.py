@@ -64,6 +64,16 @@ class Policy:
     def observe(self, view: MinibatchView, refills: int) -> None:
         """After the minibatch was served (``refills``: rows a replacement brought in)."""
 
+    def state_dict(self) -> dict:
+        """What a checkpoint must keep of this policy (taken between two minibatches)."""
+        return {}
+
+    def on_checkpoint(self, counter: int) -> None:
+        """A checkpoint is being taken after minibatch ``counter`` (from the pipeline thread)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -100,6 +110,13 @@ class Fixed(Policy):
     def observe(self, view: MinibatchView, refills: int) -> None:
         if self.collector is not None:
             self.collector.observe(view, self.wants_replacement(view), refills)
+
+    def state_dict(self) -> dict:
+        return dict(vars(self.collector), log=None) if self.collector is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.collector is not None:
+            vars(self.collector).update({k: v for k, v in state.items() if k != "log"})
 
 
 @register("replay")
@@ -155,6 +172,17 @@ class AgentPolicy(Policy):
         self.link.observe(window_metrics(view))
         epoch, step = divmod(view.counter, self.steps_per_epoch)
         self.link.maybe_request(view.counter, epoch, step, self.total - view.counter - 1)
+
+    def state_dict(self) -> dict:
+        """The request numbering and the metrics window; a decision still outstanding is lost
+        with the interrupted job (the resumed trainer asks afresh)."""
+        return {"next_id": self.link.next_id, "report": list(self.link.report), "metrics": list(self.link.metrics)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.link.next_id, self.link.report, self.link.metrics = state["next_id"], state["report"], state["metrics"]
+
+    def on_checkpoint(self, counter: int) -> None:
+        self.link.checkpoint(counter)  # the agent saves its contexts too
 
     def close(self) -> None:
         self.link.close()

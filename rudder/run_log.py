@@ -20,6 +20,7 @@ Layout of a log::
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -36,7 +37,10 @@ def log_path(run_dir: str, world_rank: int) -> str:
 
 class RunLog:
     def __init__(self, path: str, attrs: dict, tables: dict[str, np.dtype], ragged: dict[str, np.dtype] | None = None,
-                 flush_seconds: float = 2.0):
+                 flush_seconds: float = 2.0, resume_rows: dict[str, int] | None = None):
+        """``resume_rows``: continue the existing log at ``path`` (a run resumed from a
+        checkpoint), cut back to these row counts per table and ragged set first, so rows the
+        interrupted run wrote after its checkpoint are neither kept twice nor lost."""
         import h5py
 
         self.path, self.flush_seconds = path, flush_seconds
@@ -47,6 +51,10 @@ class RunLog:
         self.ragged_end = dict.fromkeys(self.ragged, 0)
         self.last_flush = time.monotonic()
         self.lock = threading.Lock()  # rows may come from the pipeline thread too (a policy's own table)
+        self.written = dict.fromkeys([*self.tables, *self.ragged], 0)  # rows on disk
+        if resume_rows is not None:
+            self._reopen(attrs, resume_rows)
+            return
         with h5py.File(path, "w", locking=False) as f:
             f.attrs.update({"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "status": "running", "error": "",
                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "finished": ""})
@@ -57,6 +65,28 @@ class RunLog:
                 f.create_dataset(f"{name}/values", shape=(0,), maxshape=(None,), dtype=dt, chunks=(1 << 16,),
                                  compression="gzip", compression_opts=4, shuffle=True)
                 f.create_dataset(f"{name}/offsets", data=np.zeros(1, dtype=np.int64), maxshape=(None,), chunks=(4096,))
+
+    def _reopen(self, attrs: dict, rows: dict[str, int]) -> None:
+        import h5py
+
+        with h5py.File(self.path, "a", locking=False) as f:
+            for name in self.tables:
+                n = rows.get(name, 0)
+                if name not in f:
+                    f.create_dataset(name, shape=(0,), maxshape=(None,), dtype=self.tables[name],
+                                     chunks=(max(1, (64 << 10) // self.tables[name].itemsize),))
+                f[name].resize((min(n, f[name].shape[0]),))
+                self.written[name] = f[name].shape[0]
+            for name in self.ragged:
+                n = min(rows.get(name, 0), f[f"{name}/offsets"].shape[0] - 1)
+                f[f"{name}/offsets"].resize((n + 1,))
+                self.ragged_end[name] = int(f[f"{name}/offsets"][n])
+                f[f"{name}/values"].resize((self.ragged_end[name],))
+                self.written[name] = n
+            resumed = json.loads(f.attrs.get("resumed", "[]"))
+            f.attrs.update(attrs)
+            f.attrs.update({"status": "running", "error": "", "finished": "",
+                            "resumed": json.dumps(resumed + [{"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}])})
 
     def append(self, table: str, row: tuple) -> None:
         with self.lock:
@@ -82,12 +112,14 @@ class RunLog:
             for name, rows in taken_rows.items():
                 if rows:
                     _extend(f[name], np.array(rows, dtype=self.tables[name]))
+                    self.written[name] += len(rows)
             for name, pieces in taken_pieces.items():
                 if pieces:
                     sizes = np.array([p.size for p in pieces], dtype=np.int64)
                     _extend(f[f"{name}/values"], np.concatenate(pieces))
                     _extend(f[f"{name}/offsets"], self.ragged_end[name] + np.cumsum(sizes))
                     self.ragged_end[name] += int(sizes.sum())
+                    self.written[name] += len(pieces)
             f.attrs.update(attrs)
         self.last_flush = time.monotonic()
 

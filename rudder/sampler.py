@@ -114,15 +114,20 @@ class NeighborSampler:
         if not fanouts or any(f < 1 and f != -1 for f in fanouts):
             raise ValueError(f"fanouts {fanouts} must be positive integers, or -1 for all neighbours")
         self.adjacency, self.fanouts = adjacency, list(fanouts)
+        self.seed = list(np.atleast_1d(seed))
         self.rng = np.random.default_rng(seed)
 
-    def sample(self, seeds: np.ndarray) -> SampledMinibatch:
+    def sample(self, seeds: np.ndarray, key: tuple = ()) -> SampledMinibatch:
+        """``key`` (e.g. epoch, step) gives the minibatch a random stream of its own, so that a
+        run resumed from a checkpoint samples exactly what the uninterrupted run would have;
+        without one, draws continue the sampler's single stream."""
         seeds = np.asarray(seeds, dtype=np.int64)
+        rng = np.random.default_rng([*self.seed, *key]) if key else self.rng
         stats = ReadStats()
         dst_nodes, layers = seeds, []
         for fanout in reversed(self.fanouts):  # seed side first
             parts, start, degree = self.adjacency.rows(dst_nodes, stats)
-            row, pos = sample_positions(degree, fanout, self.rng)
+            row, pos = sample_positions(degree, fanout, rng)
             neighbours = self.adjacency.neighbours(parts[row], start[row] + pos, stats)
             src_nodes, src_index = with_new_nodes(dst_nodes, neighbours)
             layers.insert(0, Layer(src_index, row, src_nodes.size, dst_nodes.size))

@@ -13,6 +13,7 @@ minibatch, one per epoch, and with ``trace`` the remote input IDs of every minib
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
+from rudder import checkpoint
 from rudder.assembly import FeatureAssembler
 from rudder.buffer import BufferSettings
 from rudder.config import TrainConfig
@@ -118,13 +120,22 @@ class Trainer:
         most = layout.trainers.allreduce(my_train, op=MPI.MAX)
         self.batch_size = cfg.resolved_batch_size(most)
         self.steps_per_epoch = max(1, -(-most // self.batch_size))
-        self.shuffle_rng = np.random.default_rng([cfg.seed, 1, layout.partition_id])  # same on a node's trainers
+        # Resuming: this trainer's state at the latest checkpoint, and the first minibatch to run.
+        self.resumed = checkpoint.latest(cfg.run_dir) if cfg.resume else None
+        mine = checkpoint.load(os.path.join(checkpoint.folder(cfg.run_dir, self.resumed["counter"]),
+                                            f"rank-{layout.world.rank:05d}.pt")) if self.resumed else None
+        self.start = self.resumed["counter"] + 1 if self.resumed else 0
 
         torch.manual_seed(cfg.seed)
         self.model = GraphSAGE(meta.feat_dim, cfg.hidden, meta.num_classes, len(cfg.fanouts), cfg.dropout).to(self.device)
         broadcast_parameters(layout.trainers, self.model)
         torch.manual_seed(cfg.seed * 1_000_003 + layout.trainer_rank + 1)  # dropout differs per rank, as in DDP
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        if mine is not None:
+            saved = checkpoint.load(os.path.join(checkpoint.folder(cfg.run_dir, self.resumed["counter"]), "model.pt"))
+            self.model.load_state_dict(saved["model"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            torch.set_rng_state(mine["torch_rng"])
         self.allreduce = GradientAllreduce(layout.trainers, self.model)
         self.halo = np.sort(part.halo_nodes)
 
@@ -135,6 +146,8 @@ class Trainer:
         self.assembler = FeatureAssembler(self.features, self.policy, settings, part, meta.num_nodes,
                                           np.random.default_rng([cfg.seed, 2, layout.partition_id]), self.shared)
         fill = self.assembler.fill()
+        if mine is not None:
+            self.assembler.load_state_dict(mine["assembly"])
         # What the agent (and a classifier's features) know of this trainer, fixed for the run.
         self.facts = {"world_rank": layout.world.rank, "num_nodes": meta.num_nodes, "num_edges": meta.num_edges,
                       "partition": layout.trainer_rank, "num_parts": meta.num_parts, "batch_size": self.batch_size,
@@ -155,21 +168,84 @@ class Trainer:
                           {"role": "trainer", "config": cfg.to_json(), "versions": json.dumps(library_versions()),
                            "layout": json.dumps(layout.describe()), "run": json.dumps(run), "data": json.dumps(data)},
                           {"minibatches": MINIBATCH_ROW, "epochs": EPOCH_ROW, **self.policy.log_tables(cfg)},
-                          {"trace_remote_inputs": np.int64} if cfg.trace else None, flush_seconds=cfg.log_flush_seconds)
+                          {"trace_remote_inputs": np.int64} if cfg.trace else None, flush_seconds=cfg.log_flush_seconds,
+                          resume_rows=mine["log_rows"] if mine is not None else None)
         self.policy.start(self)  # before the pipeline thread first asks it
+        if mine is not None:
+            self.policy.load_state_dict(mine["policy"])
+        # Checkpoints: every N minibatches (known ahead), or at a target set collectively when
+        # N seconds passed or a stop was asked for (then the run stops right after it).
+        self.period = cfg.checkpoint_period
+        self.snapshot_target: int | None = None
+        self.stop_at: int | None = None
+        self.deferred = None  # a checkpoint waiting for the end of its epoch
+        self.pinned: torch.Tensor | None = None  # --device cuda: the staging buffer of input features
+        self.last_checkpoint = time.monotonic()
+        self.resumed_rows = self._resumed_epoch_rows() if mine is not None else None
         if cfg.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
             torch.set_num_threads(layout.threads_per_rank - 1)
-        self.pipeline = MinibatchPipeline(self.schedule(), self.sampler, self.assembler, cfg.prefetch_depth,
-                                          self.policy.lookahead)
+        self.pipeline = MinibatchPipeline(self.schedule(self.start), self.sampler, self.assembler, cfg.prefetch_depth,
+                                          self.policy.lookahead, snapshot=self.snapshot_if_due if self.period else None)
 
-    def schedule(self):
-        """(epoch, step, seeds) for the whole run: each epoch a fresh shuffle of the partition's
-        training nodes (the same on a node's trainers), this trainer's share of it, split into
-        the run's equal number of steps."""
-        for epoch in range(self.cfg.epochs):
-            order = self.shuffle_rng.permutation(self.train_nodes)
+    def schedule(self, start: int = 0):
+        """(epoch, step, seeds) for the whole run from minibatch ``start`` on: each epoch a fresh
+        shuffle of the partition's training nodes (the same on a node's trainers, keyed by the
+        epoch so a resumed run shuffles alike), this trainer's share of it, split into the run's
+        equal number of steps."""
+        first_epoch, first_step = divmod(start, self.steps_per_epoch)
+        for epoch in range(first_epoch, self.cfg.epochs):
+            order = np.random.default_rng([self.cfg.seed, 1, self.layout.partition_id, epoch]).permutation(self.train_nodes)
             for step, seeds in enumerate(np.array_split(my_share(order, self.layout), self.steps_per_epoch)):
-                yield epoch, step, seeds
+                if epoch > first_epoch or step >= first_step:
+                    yield epoch, step, seeds
+
+    def to_device(self, x: np.ndarray) -> torch.Tensor:
+        """Input features on the model's device: on a GPU through a reused pinned host buffer,
+        so the copy is a DMA that does not wait for pageable memory to be staged. Reusing it is
+        safe: the step reads its loss back (``float(loss)``), which waits for the GPU, before the
+        next minibatch is staged."""
+        if self.device.type != "cuda":
+            return torch.from_numpy(x)
+        if self.pinned is None or self.pinned.shape[0] < x.shape[0]:
+            self.pinned = torch.empty((max(x.shape[0], 2 * (self.pinned.shape[0] if self.pinned is not None else 0)),
+                                       x.shape[1]), dtype=torch.float32, pin_memory=True)
+        staged = self.pinned[:x.shape[0]]
+        staged.numpy()[...] = x
+        return staged.to(self.device, non_blocking=True)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def snapshot_if_due(self, epoch: int, step: int) -> dict | None:
+        """Called by the pipeline right after assembling minibatch (epoch, step)."""
+        counter = epoch * self.steps_per_epoch + step
+        kind, n = self.period
+        if not ((kind == "minibatches" and (counter + 1) % n == 0) or counter == self.snapshot_target):
+            return None
+        self.policy.on_checkpoint(counter)
+        return {"assembly": self.assembler.state_dict(), "policy": self.policy.state_dict()}
+
+    def save_checkpoint(self, epoch: int, step: int, snapshot: dict) -> None:
+        """Collective over the trainers, after minibatch (epoch, step) was trained on."""
+        counter = epoch * self.steps_per_epoch + step
+        where = checkpoint.folder(self.cfg.run_dir, counter)
+        self.log.flush()  # every row up to here on disk: a resumed run continues right after them
+        if self.layout.trainers.rank == 0:
+            checkpoint.save(os.path.join(where, "model.pt"), {"model": self.model.state_dict(),
+                                                              "optimizer": self.optimizer.state_dict()})
+        checkpoint.save(os.path.join(where, f"rank-{self.layout.world.rank:05d}.pt"),
+                        {"counter": counter, **snapshot, "torch_rng": torch.get_rng_state(), "log_rows": dict(self.log.written)})
+        self.layout.trainers.Barrier()
+        if self.layout.trainers.rank == 0:
+            checkpoint.commit(self.cfg.run_dir, {"counter": counter, "epoch": epoch, "step": step,
+                                                 "world_size": self.layout.world.size, "config": json.loads(self.cfg.to_json())})
+        self.snapshot_target, self.last_checkpoint = None, time.monotonic()
+
+    def _resumed_epoch_rows(self) -> list:
+        """The resumed epoch's minibatch rows logged before the checkpoint (for its epoch row)."""
+        import h5py
+
+        with h5py.File(self.log.path, "r", locking=False) as f:
+            rows = f["minibatches"][()]
+        return [r for r in rows if r["epoch"] == self.start // self.steps_per_epoch]
 
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> tuple[np.void, bool]:
@@ -186,13 +262,15 @@ class Trainer:
         if seeds.size:
             blocks = to_blocks(mb.layers, self.device)
             labels = torch.from_numpy(self.partition.labels[seeds - self.partition.node_start]).to(self.device)
-            logits = self.model(blocks, torch.from_numpy(item.x).to(self.device))
+            logits = self.model(blocks, self.to_device(item.x))
             loss = F.cross_entropy(logits, labels, reduction="sum")
             self.optimizer.zero_grad(set_to_none=False)
             loss.backward()
             loss_sum = float(loss.detach())
         t3 = time.perf_counter()
-        totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop())
+        due = (self.period is not None and self.period[0] == "seconds" and self.layout.trainers.rank == 0
+               and time.monotonic() - self.last_checkpoint >= self.period[1])  # rank 0's clock decides
+        totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop(), due)
         t4 = time.perf_counter()
         if totals.seeds:
             self.optimizer.step()
@@ -210,13 +288,38 @@ class Trainer:
                totals.loss_sum / totals.seeds if totals.seeds else np.nan)
         self.log.append("minibatches", row)
         self.log.maybe_flush()
-        return np.array(row, dtype=MINIBATCH_ROW)[()], totals.stop
+        return np.array(row, dtype=MINIBATCH_ROW)[()], self._after_step(item, totals)
+
+    def _after_step(self, item, totals) -> bool:
+        """Checkpoint if this minibatch's snapshot was taken; whether to stop now. With
+        checkpoints on, a stop request first sets a checkpoint a few minibatches on (past
+        every minibatch already prepared), and the run stops right after saving it."""
+        counter = item.epoch * self.steps_per_epoch + item.step
+        if item.snapshot is not None and item.step == self.steps_per_epoch - 1:
+            self.deferred = (item.epoch, item.step, item.snapshot)  # saved once the epoch's row is logged
+        elif item.snapshot is not None:
+            self.save_checkpoint(item.epoch, item.step, item.snapshot)
+        if self.period is None:
+            return totals.stop
+        if totals.checkpoint or totals.stop:
+            if self.snapshot_target is not None:
+                coming = self.snapshot_target
+            elif self.deferred is not None:
+                coming = self.deferred[0] * self.steps_per_epoch + self.deferred[1]
+            else:  # past every minibatch any trainer has prepared by now
+                coming = self.snapshot_target = counter + self.cfg.prefetch_depth + 2
+            if totals.stop and self.stop_at is None:
+                self.stop_at = coming
+        return self.stop_at is not None and counter >= self.stop_at
 
     # -- one epoch -----------------------------------------------------------------------------
     def epoch(self, epoch: int, progress) -> EpochResult:
         rows, stopped = [], False
         start = time.perf_counter()
-        for _ in range(self.steps_per_epoch):
+        earlier = []  # a resumed epoch: the rows logged before the checkpoint
+        if self.resumed_rows is not None and epoch == self.start // self.steps_per_epoch:
+            earlier, self.resumed_rows = self.resumed_rows, None
+        for _ in range(self.steps_per_epoch - len(earlier)):
             row, stopped = self.step()
             rows.append(row)
             if progress is not None:
@@ -224,8 +327,11 @@ class Trainer:
             if stopped:
                 break
         seconds = time.perf_counter() - start
-        table = np.array(rows, dtype=MINIBATCH_ROW)
-        result = {"epoch": epoch, "steps": len(rows), "complete": not stopped, "seconds": seconds,
+        table = np.array(earlier + rows, dtype=MINIBATCH_ROW)
+        # A resumed epoch's time before the checkpoint: its logged step times (no wall clock survives)
+        seconds += float(sum(r["t_wait"] + r["t_forward_backward"] + r["t_allreduce"] + r["t_update"] for r in earlier))
+        complete = len(table) == self.steps_per_epoch  # a stop after the last step still completes it
+        result = {"epoch": epoch, "steps": len(table), "complete": complete, "seconds": seconds,
                   **{t: float(table[t].sum()) for t in TIMERS},
                   "input_nodes": int(table["input_nodes"].sum()), "input_remote": int(table["input_remote"].sum()),
                   "bytes_rma": int(table["bytes_rma"].sum()),
@@ -233,7 +339,7 @@ class Trainer:
                   "val_acc": np.nan, "test_acc": np.nan, "eval_seconds": 0.0}
         last = epoch == self.cfg.epochs - 1
         every = self.cfg.eval_every
-        if not stopped and (last or (every and (epoch + 1) % every == 0)):
+        if complete and (last or (every and (epoch + 1) % every == 0)):
             t = time.perf_counter()
             self.last_eval = evaluate(self.model, self.layout, self.meta, self.partition, self.features,
                                       self.adjacency, self.exposer, self.eval_sets, self.cfg.eval_batch_size, self.device)
@@ -246,15 +352,18 @@ class Trainer:
         row = np.array(tuple(result[name] for name in EPOCH_ROW.names), dtype=EPOCH_ROW)[()]
         self.log.append("epochs", tuple(row.tolist()))
         self.log.maybe_flush()
+        if self.deferred is not None:  # a checkpoint after an epoch's last minibatch includes its epoch row
+            self.save_checkpoint(*self.deferred)
+            self.deferred = None
         return EpochResult(row, stopped)
 
     # -- the run -------------------------------------------------------------------------------
     def run(self, progress=None) -> dict | None:
         """Train ``cfg.epochs`` epochs (or until a stop request); returns rank 0's summary of
         all trainers (None elsewhere)."""
-        per_epoch = []  # rank 0: every trainer's epoch rows
+        per_epoch = []  # rank 0: every trainer's epoch rows (since this job started)
         stopped = False
-        for epoch in range(self.cfg.epochs):
+        for epoch in range(self.start // self.steps_per_epoch, self.cfg.epochs):
             result = self.epoch(epoch, progress)
             rows = self.layout.trainers.gather(result.row, root=0)
             if rows is not None:

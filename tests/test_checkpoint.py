@@ -1,0 +1,172 @@
+"""Checkpoint and resume with real MPI jobs on Cora: a run killed with SIGKILL after a periodic
+checkpoint, then resumed with --resume, ends bit-identical to the uninterrupted run (every
+minibatch row, every epoch's parameter digest and accuracy) with no row lost or repeated; a
+SIGTERM (Slurm's warning before the time limit) takes a checkpoint and stops cleanly; agent
+contexts survive; bad --resume input is one line."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from conftest import BUNDLED_CORA, read_logs, run_train, train_command
+
+COLUMNS = ("epoch", "step", "seeds", "input_nodes", "hits", "misses", "refills", "replaced", "refetched", "loss",
+           "global_loss")
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+
+    out = str(tmp_path_factory.mktemp("ckpt") / "parts")
+    partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 2, out, method="metis", seed=0)
+    return out
+
+
+def flags(parts, policy, epochs=20):
+    return ["--data", parts, "--policy", policy, "--delta", "3", "--batch-size", "8", "--epochs", str(epochs),
+            "--eval-every", "10", "--progress", "none"]
+
+
+def rank_pids(run) -> list[int]:
+    """PIDs of the Python ranks writing into ``run`` (not mpiexec's)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"python" in os.path.basename(argv[0]) and str(run).encode() in argv:
+            pids.append(int(pid))
+    return pids
+
+
+def latest_counter(run) -> int:
+    try:
+        with open(os.path.join(run, "checkpoint", "latest.json")) as f:
+            return json.load(f)["counter"]
+    except (OSError, ValueError):
+        return -1
+
+
+def start(ranks, args):
+    return subprocess.Popen(train_command(ranks, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def assert_same_run(a_run, b_run):
+    for a, b in zip(read_logs(a_run), read_logs(b_run), strict=True):
+        assert b["status"] == "completed" and json.loads(b["attrs"]["resumed"])
+        for column in COLUMNS:
+            np.testing.assert_array_equal(a["minibatches"][column], b["minibatches"][column], err_msg=column)
+        for column in ("epoch", "complete", "param_digest", "val_acc", "test_acc", "steps"):
+            np.testing.assert_array_equal(a["epochs"][column], b["epochs"][column], err_msg=column)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(parts, tmp_path_factory):
+    runs = {}
+    for policy in ("fixed", "lookahead"):
+        run = str(tmp_path_factory.mktemp("base") / policy)
+        proc = run_train(2, *flags(parts, policy), "--run-dir", run)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[policy] = run
+    return runs
+
+
+def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(parts, uninterrupted, tmp_path):
+    run = str(tmp_path / "run")
+    job = start(2, flags(parts, "fixed") + ["--run-dir", run, "--checkpoint-every", "7"])
+    try:
+        deadline = time.monotonic() + 120
+        while latest_counter(run) < 41 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert job.poll() is None, "the run ended before it could be killed"
+        os.kill(rank_pids(run)[0], signal.SIGKILL)  # no warning: the logs hold rows past the checkpoint
+        job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    killed_at = latest_counter(run)
+    assert (killed_at + 1) % 7 == 0
+    proc = run_train(2, "--resume", run, "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_run(uninterrupted["fixed"], run)
+    assert json.loads(read_logs(run)[0]["attrs"]["resumed"])[0]["rows"]["minibatches"] == killed_at + 1
+
+
+def test_sigterm_checkpoints_then_stops_and_the_run_resumes(parts, uninterrupted, tmp_path):
+    run = str(tmp_path / "run")
+    job = start(2, flags(parts, "lookahead") + ["--run-dir", run, "--checkpoint-every", "3600s"])
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and job.poll() is None:  # wait for training to be under way
+            logs = [p for p in os.listdir(run) if p.endswith(".h5")] if os.path.isdir(run) else []
+            if len(logs) == 2 and len(rank_pids(run)) == 2:
+                time.sleep(2)
+                break
+            time.sleep(0.1)
+        os.kill(rank_pids(run)[1], signal.SIGTERM)  # one rank, as a node's first signal may be
+        out, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 143, err[-3000:]
+    logs = read_logs(run)
+    assert all(r["status"] == "interrupted" for r in logs)
+    counter = latest_counter(run)
+    assert counter >= 0 and all(r["minibatches"].size == counter + 1 for r in logs)  # stopped right after it
+    proc = run_train(2, "--resume", run, "--epochs", "20", "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_run(uninterrupted["lookahead"], run)
+
+
+def test_agent_contexts_survive_a_resume(parts, tmp_path):
+    run = str(tmp_path / "run")
+    job = start(3, flags(parts, "heuristic", epochs=20) + ["--run-dir", run, "--checkpoint-every", "20",
+                                                           "--delta", "1"])
+    try:
+        deadline = time.monotonic() + 120
+        while latest_counter(run) < 59 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert job.poll() is None, "the run ended before it could be killed"
+        os.kill(rank_pids(run)[0], signal.SIGKILL)
+        job.communicate(timeout=60)
+    finally:
+        job.kill()
+    import torch
+
+    counter = latest_counter(run)
+    saved = torch.load(os.path.join(run, "checkpoint", f"minibatch-{counter:09d}", "agent-00002.pt"), weights_only=False)
+    assert len(saved["contexts"]) == 2 and all(len(c["history"]) == 5 for c in saved["contexts"].values())
+    proc = run_train(3, "--resume", run, "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = read_logs(run)
+    assert all(r["status"] == "completed" for r in logs)
+    for r in logs[:2]:  # every minibatch once
+        mb = r["minibatches"]
+        assert sorted((mb["epoch"] * 9 + mb["step"]).tolist()) == list(range(180))
+    agent = logs[2]
+    assert json.loads(agent["attrs"]["resumed"])[0]["rows"]["decisions"] == saved["log_rows"]["decisions"]
+    assert agent["decisions"]["minibatch"][saved["log_rows"]["decisions"]:].min() > counter  # decided after it
+
+
+def test_bad_resume_input_is_one_line(parts, uninterrupted, tmp_path):
+    from rudder.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="no checkpoint there"):
+        parse_config(["--resume", str(tmp_path)])
+    ck = tmp_path / "run" / "checkpoint"
+    ck.mkdir(parents=True)
+    (ck / "latest.json").write_text(json.dumps({"format_version": 1, "counter": 5, "epoch": 0, "step": 5, "world_size": 3,
+                                               "config": json.loads(read_logs(uninterrupted["fixed"])[0]["attrs"]["config"])}))
+    with pytest.raises(ConfigError, match="--fanouts .* differs from the checkpointed run"):
+        parse_config(["--resume", str(tmp_path / "run"), "--fanouts", "5,5"])
+    assert parse_config(["--resume", str(tmp_path / "run"), "--epochs", "50"]).epochs == 50
+    proc = run_train(2, "--resume", tmp_path / "run")  # a 3-rank checkpoint, 2 ranks launched
+    assert proc.returncode == 2 and "3-rank job" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
