@@ -35,7 +35,7 @@ import numpy as np
 
 from rudder.registry import Registry
 
-TAG_TO_AGENT, TAG_TO_TRAINER = 71, 72
+TAG_TO_AGENT, TAG_TO_TRAINER, TAG_BYE = 71, 72, 73  # BYE has a tag of its own: the agent probes for it alone
 HELLO, REQUEST, BYE, CHECKPOINT = 0, 1, 2, 3
 KEEP, EVICT = 0, 1
 IMPACTS = ("stagnant", "increase", "decrease")
@@ -145,9 +145,9 @@ class AgentLink:
         hello = np.array([HELLO] + [float(facts[k]) for k in HELLO_FIELDS[1:]])
         self._send(hello)
 
-    def _send(self, payload: np.ndarray) -> None:
+    def _send(self, payload: np.ndarray, tag: int = TAG_TO_AGENT) -> None:
         self.sent = [r for r in self.sent if not r.Test()]  # keep the buffers of sends in flight
-        self.sent.append(self.comm.Isend(payload, dest=self.agent, tag=TAG_TO_AGENT))  # holds the buffer
+        self.sent.append(self.comm.Isend(payload, dest=self.agent, tag=tag))  # holds the buffer
 
     def poll(self) -> np.ndarray | None:
         """The answer to the outstanding request, if it has arrived (never blocks)."""
@@ -185,7 +185,7 @@ class AgentLink:
     def close(self) -> None:
         """Say BYE and collect the last answer (the agent answers everything before a BYE, and
         cuts a decision short once it sees the BYE behind it)."""
-        self._send(np.array([BYE] + [0.0] * (len(REQUEST_FIELDS) - 1)))
+        self._send(np.array([BYE] + [0.0] * (len(REQUEST_FIELDS) - 1)), tag=TAG_BYE)
         if self.outstanding is not None:
             self.outstanding.Wait()
         from mpi4py import MPI
@@ -225,10 +225,10 @@ class AgentServer:
         done, sends, waiting = 0, [], deque()
         status, idle = MPI.Status(), 0.0005
         while done < self.trainers or waiting:
-            while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_TO_AGENT, status=status):
+            while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
                 buf = np.zeros(max(len(REQUEST_FIELDS), len(HELLO_FIELDS)))
                 n = status.Get_count(MPI.DOUBLE)
-                self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=TAG_TO_AGENT)
+                self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=status.Get_tag())
                 trainer, kind = status.Get_source(), int(buf[0])
                 if kind == HELLO:
                     facts = dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist()))
@@ -274,9 +274,9 @@ class AgentServer:
         ctx = self.contexts[trainer]
         self.reflect(trainer, ctx, req)
         ctx.latest = {k: req[k] for k in ("counter", "epoch", "step", "remaining", *WINDOW_METRICS)}
-        # A trainer sends nothing while it awaits an answer, except its BYE: a message behind
-        # this request means nobody will use the answer.
-        ctx.abandoned = lambda: trainer in self.gone or self.comm.Iprobe(source=trainer, tag=TAG_TO_AGENT)
+        # A BYE behind this request means nobody will use the answer (a trainer awaiting an
+        # answer sends nothing else but checkpoint notices, which have the common tag).
+        ctx.abandoned = lambda: trainer in self.gone or self.comm.Iprobe(source=trainer, tag=TAG_BYE)
         start = time.perf_counter()
         if self.delay:  # --agent-delay: a deliberately slow decision maker (experiments, tests)
             time.sleep(self.delay)

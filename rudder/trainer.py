@@ -227,6 +227,7 @@ class Trainer:
         """Collective over the trainers, after minibatch (epoch, step) was trained on."""
         counter = epoch * self.steps_per_epoch + step
         where = checkpoint.folder(self.cfg.run_dir, counter)
+        t = time.perf_counter()
         self.log.flush()  # every row up to here on disk: a resumed run continues right after them
         if self.layout.trainers.rank == 0:
             checkpoint.save(os.path.join(where, "model.pt"), {"model": self.model.state_dict(),
@@ -236,7 +237,8 @@ class Trainer:
         self.layout.trainers.Barrier()
         if self.layout.trainers.rank == 0:
             checkpoint.commit(self.cfg.run_dir, {"counter": counter, "epoch": epoch, "step": step,
-                                                 "world_size": self.layout.world.size, "config": json.loads(self.cfg.to_json())})
+                                                 "world_size": self.layout.world.size, "save_seconds": time.perf_counter() - t,
+                                                 "config": json.loads(self.cfg.to_json())})
         self.snapshot_target, self.last_checkpoint = None, time.monotonic()
 
     def _resumed_epoch_rows(self) -> list:

@@ -129,7 +129,7 @@ def test_sigterm_checkpoints_then_stops_and_the_run_resumes(parts, uninterrupted
 def test_agent_contexts_survive_a_resume(parts, tmp_path):
     run = str(tmp_path / "run")
     job = start(3, flags(parts, "heuristic", epochs=20) + ["--run-dir", run, "--checkpoint-every", "20",
-                                                           "--delta", "1"])
+                                                           "--delta", "1", "--agent-delay", "0.02"])
     try:
         deadline = time.monotonic() + 120
         while latest_counter(run) < 59 and job.poll() is None and time.monotonic() < deadline:
@@ -154,6 +154,9 @@ def test_agent_contexts_survive_a_resume(parts, tmp_path):
     agent = logs[2]
     assert json.loads(agent["attrs"]["resumed"])[0]["rows"]["decisions"] == saved["log_rows"]["decisions"]
     assert agent["decisions"]["minibatch"][saved["log_rows"]["decisions"]:].min() > counter  # decided after it
+    # A checkpoint notice behind a request is not a goodbye: only the resumed run's last
+    # requests (one per trainer at most) may be cut off.
+    assert agent["decisions"]["fallback"].sum() <= 2
 
 
 def test_bad_resume_input_is_one_line(parts, uninterrupted, tmp_path):

@@ -185,7 +185,8 @@ def test_bad_data_is_one_line(cora4, tmp_path):
         return lines[0]
 
     assert "not a directory" in error("--data", tmp_path / "missing")
-    assert "4 partitions" in error("--data", cora4) and "launch 4 ranks" in error("--data", cora4)
+    message = error("--data", cora4)
+    assert "4 partitions" in message and "launch 4 ranks" in message
     bad = tmp_path / "bad"
     shutil.copytree(cora4, bad)
     meta = json.loads((bad / "metadata.json").read_text())
