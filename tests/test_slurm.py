@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import pytest
 
 from conftest import BUNDLED_CORA, REPO, read_logs
@@ -177,3 +178,43 @@ def test_sbatch_runs_the_generic_jobscript(slurm, parts4, tmp_path):
                            os.path.join(REPO, "jobscripts", "generic.sbatch")],
                           capture_output=True, text=True, timeout=300, env=dict(env, RUDDER_DATA=str(tmp_path)))
     assert proc.returncode != 0 and "no metadata.json" in (tmp_path / "bad.out").read_text()
+
+
+def test_scancel_term_checkpoints_and_a_resubmitted_job_resumes(slurm, parts4, tmp_path):
+    """Slurm's warning before a time limit (or a preemption): SIGTERM to the job's tasks. The run
+    checkpoints and stops; the same jobscript submitted again resumes it to the end."""
+    run, out = tmp_path / "run", tmp_path / "job.out"
+    env = dict(slurm, RUDDER_DATA=parts4, RUDDER_RUN_DIR=str(run), RUDDER_POLICY="fixed", RUDDER_EPOCHS="400",
+               RUDDER_TRAINERS_PER_NODE="4", RUDDER_CHECKPOINT_EVERY="100000", RUDDER_ARGS="--batch-size 8 --eval-every 0",
+               RUDDER_VENV=os.path.dirname(os.path.dirname(sys.executable)))
+    submit = ["sbatch", "--parsable", "-N", "1", "--ntasks-per-node=4", f"--chdir={REPO}"]
+    job = subprocess.run(submit + [f"--output={out}", os.path.join(REPO, "jobscripts", "generic.sbatch")],
+                         capture_output=True, text=True, timeout=60, env=env).stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:  # training under way: the first epochs are in the logs
+        try:
+            logs = read_logs(run)
+            if len(logs) == 4 and all(r["epochs"].size >= 2 for r in logs):
+                break
+        except (OSError, KeyError):
+            pass
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"the job did not start training: {out.read_text() if out.exists() else ''}")
+    subprocess.run(["scancel", "--signal=TERM", job], check=True, env=env)
+    while time.monotonic() < deadline + 120 and subprocess.run(
+            ["squeue", "-h", "-j", job], capture_output=True, text=True, env=env).stdout.strip():
+        time.sleep(0.5)
+    logs = read_logs(run)
+    assert all(r["status"] == "interrupted" for r in logs), out.read_text()[-2000:]
+    assert os.path.exists(run / "checkpoint" / "latest.json")
+    steps = logs[0]["minibatches"].size
+    resumed = subprocess.run(submit + ["--wait", f"--output={tmp_path / 'job2.out'}",
+                                       os.path.join(REPO, "jobscripts", "generic.sbatch")],
+                             capture_output=True, text=True, timeout=900, env=dict(env, RUDDER_EPOCHS="60"))
+    text = (tmp_path / "job2.out").read_text()
+    assert resumed.returncode == 0 and "resuming" in text, text[-3000:]
+    logs = read_logs(run)
+    assert all(r["status"] == "completed" for r in logs) and logs[0]["minibatches"].size > steps
+    mb = logs[0]["minibatches"]
+    assert np.unique(mb["epoch"] * 1000 + mb["step"]).size == mb.size  # no minibatch twice
