@@ -100,7 +100,7 @@ def test_llm_policy_end_to_end(tiny_model, tmp_path):
     assert len(agents) == 2 and all(r["status"] == "completed" for r in read_logs(run))
     for agent in agents:
         d = agent["decisions"]
-        assert (d["fallback"] == 0).sum() >= 2  # answered while its trainers trained
+        assert (d["fallback"] == 0).sum() >= 1  # answered while its trainers trained
         # The only fallbacks: requests whose trainer finished before (or while) the model answered.
         assert all("trainer finished" in agent["fallback_reason"][i] for i in np.flatnonzero(d["fallback"]))
     with h5py.File(os.path.join(run, f"rank-{agents[0]['layout']['world_rank']:05d}.h5"), "r", locking=False) as f:

@@ -87,7 +87,17 @@ def _start_munge(d: str) -> tuple[str, int]:
     subprocess.run(["runuser", "-u", "munge", "--", "munged", "--socket", socket_path, "--pid-file", pid_file,
                     "--log-file", os.path.join(d, "munged.log"), "--seed-file", os.path.join(d, "munged.seed")],
                    check=True, capture_output=True, timeout=30)
-    return socket_path, int(open(pid_file).read())
+    return socket_path, _read_pid(pid_file)
+
+
+def _read_pid(path: str) -> int:
+    """The PID a daemon writes once it runs (the file can exist empty for a moment)."""
+    for _ in range(100):
+        try:
+            return int(open(path).read())
+        except (OSError, ValueError):
+            time.sleep(0.1)
+    raise OSError(f"{path}: no PID written within 10 s")
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +121,7 @@ def slurm(tmp_path_factory):
         env = dict(os.environ, SLURM_CONF=conf)
         for daemon, pid_file in (("slurmctld", "slurmctld.pid"), ("slurmd", "slurmd.pid")):
             subprocess.run([daemon, "-f", conf], check=True, capture_output=True, timeout=30, env=env)
-            for _ in range(100):
-                if os.path.exists(os.path.join(d, pid_file)):
-                    break
-                time.sleep(0.1)
-            pids.append(int(open(os.path.join(d, pid_file)).read()))
+            pids.append(_read_pid(os.path.join(d, pid_file)))
         for _ in range(150):  # the node registers and turns idle
             state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env).stdout.strip()
             if state.startswith("idle"):
