@@ -111,35 +111,44 @@ def slurm(tmp_path_factory):
         os.makedirs(os.path.join(d, sub))
     host = socket.gethostname()
     conf = os.path.join(d, "slurm.conf")
-    pids = []
+    daemons, munge_pid = [], None
+
+    def stop_all():  # by PID, never by name; the Slurm daemons run in the foreground, as our children
+        for proc in reversed(daemons):
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if munge_pid is not None:
+            try:
+                os.kill(munge_pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(munge_dir, ignore_errors=True)
+
     try:
         socket_path, munge_pid = _start_munge(munge_dir)
-        pids.append(munge_pid)
         with open(conf, "w") as f:
             f.write(SLURM_CONF.format(host=host, dir=d, ctld_port=_free_port(), d_port=_free_port())
                     + f"AuthInfo=socket={socket_path}\n")
         env = dict(os.environ, SLURM_CONF=conf)
-        for daemon, pid_file in (("slurmctld", "slurmctld.pid"), ("slurmd", "slurmd.pid")):
-            subprocess.run([daemon, "-f", conf], check=True, capture_output=True, timeout=30, env=env)
-            pids.append(_read_pid(os.path.join(d, pid_file)))
+        for daemon in ("slurmctld", "slurmd"):
+            daemons.append(subprocess.Popen([daemon, "-D", "-f", conf], stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, env=env))
+        state = ""
         for _ in range(150):  # the node registers and turns idle
             state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env).stdout.strip()
             if state.startswith("idle"):
                 break
             time.sleep(0.2)
         else:
-            pytest.skip(f"Slurm started but its node is {state!r}: {open(os.path.join(d, 'slurmd.log')).read()[-500:]}")
+            raise OSError(f"its node stayed {state!r}: {open(os.path.join(d, 'slurmd.log')).read()[-300:]}")
     except (subprocess.SubprocessError, OSError, ValueError) as e:
-        for pid in pids:
-            os.kill(pid, signal.SIGTERM)
+        stop_all()
         pytest.skip(f"no Slurm: could not start the daemons ({e})")
     yield env
-    for pid in reversed(pids):  # slurmd, slurmctld, munged: by PID, never by name
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    shutil.rmtree(munge_dir, ignore_errors=True)
+    stop_all()
 
 
 @pytest.fixture(scope="module")
