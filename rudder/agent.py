@@ -133,28 +133,29 @@ def make_decider(cfg, threads: int = 1) -> Decider:
 
 
 # -- the trainer's side ----------------------------------------------------------------------------
-class AgentLink:
-    """A trainer's connection to its node's agent (used from the pipeline thread)."""
+def window_means(window: list[dict]) -> dict:
+    """The metrics a request carries: each of ``WINDOW_METRICS`` averaged over the window (the
+    agent's requests and a classifier's collection rows use this one function)."""
+    return {k: float(np.mean([m[k] for m in window])) for k in WINDOW_METRICS}
 
-    def __init__(self, layout, facts: dict, window: int):
-        self.comm, self.agent = layout.node, layout.node.size - 1
+
+class DecisionLink:
+    """A trainer's side of the protocol without the transport: the metrics window, request
+    numbering and the previous decision's outcome; ``_post`` sends a request, ``poll`` finds
+    its answer. ``AgentLink`` carries them over MPI; the simulator (``rudder.simulate``)
+    answers in-process after a modelled delay."""
+
+    def __init__(self, window: int):
         self.window, self.metrics = window, []
-        self.next_id, self.outstanding, self.answer = 0, None, np.zeros(len(DECISION_FIELDS))
+        self.next_id, self.outstanding = 0, None
         self.report = [-1.0, -1.0, 0.0, 0.0]  # the previous decision's outcome
-        self.sent: list = []
-        hello = np.array([HELLO] + [float(facts[k]) for k in HELLO_FIELDS[1:]])
-        self._send(hello)
 
-    def _send(self, payload: np.ndarray, tag: int = TAG_TO_AGENT) -> None:
-        self.sent = [r for r in self.sent if not r.Test()]  # keep the buffers of sends in flight
-        self.sent.append(self.comm.Isend(payload, dest=self.agent, tag=tag))  # holds the buffer
+    def _post(self, request: dict) -> None:
+        raise NotImplementedError
 
     def poll(self) -> np.ndarray | None:
-        """The answer to the outstanding request, if it has arrived (never blocks)."""
-        if self.outstanding is None or not self.outstanding.Test():
-            return None
-        self.outstanding = None
-        return self.answer.copy()
+        """The answer (``DECISION_FIELDS``) to the outstanding request, if it has arrived (never blocks)."""
+        raise NotImplementedError
 
     def observe(self, metrics: dict) -> None:
         self.metrics.append(metrics)
@@ -165,18 +166,49 @@ class AgentLink:
     def maybe_request(self, counter: int, epoch: int, step: int, remaining: int) -> bool:
         if self.outstanding is not None or len(self.metrics) < self.window:
             return False
-        window = self.metrics[-self.window:]
-        payload = np.array([REQUEST, self.next_id, counter, epoch, step, remaining,
-                            *[np.mean([m[k] for m in window]) for k in WINDOW_METRICS], *self.report], dtype=np.float64)
-        self.answer = np.zeros(len(DECISION_FIELDS))
-        self.outstanding = self.comm.Irecv(self.answer, source=self.agent, tag=TAG_TO_TRAINER)
-        self._send(payload)
+        request = {"kind": REQUEST, "request": self.next_id, "counter": counter, "epoch": epoch, "step": step,
+                   "remaining": remaining, **window_means(self.metrics[-self.window:]),
+                   **dict(zip(REQUEST_FIELDS[-4:], self.report))}
+        self._post(request)
         self.next_id += 1
         self.metrics.clear()
         return True
 
     def record_outcome(self, request: int, applied: int, evicted: int, candidates: int) -> None:
         self.report = [float(request), float(applied), float(evicted), float(candidates)]
+
+    def checkpoint(self, counter: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class AgentLink(DecisionLink):
+    """A trainer's connection to its node's agent rank (used from the pipeline thread)."""
+
+    def __init__(self, layout, facts: dict, window: int):
+        super().__init__(window)
+        self.comm, self.agent = layout.node, layout.node.size - 1
+        self.answer = np.zeros(len(DECISION_FIELDS))
+        self.sent: list = []
+        hello = np.array([HELLO] + [float(facts[k]) for k in HELLO_FIELDS[1:]])
+        self._send(hello)
+
+    def _send(self, payload: np.ndarray, tag: int = TAG_TO_AGENT) -> None:
+        self.sent = [r for r in self.sent if not r.Test()]  # keep the buffers of sends in flight
+        self.sent.append(self.comm.Isend(payload, dest=self.agent, tag=tag))  # holds the buffer
+
+    def _post(self, request: dict) -> None:
+        self.answer = np.zeros(len(DECISION_FIELDS))
+        self.outstanding = self.comm.Irecv(self.answer, source=self.agent, tag=TAG_TO_TRAINER)
+        self._send(np.array([request[k] for k in REQUEST_FIELDS], dtype=np.float64))
+
+    def poll(self) -> np.ndarray | None:
+        if self.outstanding is None or not self.outstanding.Test():
+            return None
+        self.outstanding = None
+        return self.answer.copy()
 
     def checkpoint(self, counter: int) -> None:
         """Tell the agent that this trainer checkpoints after minibatch ``counter``."""
@@ -205,78 +237,26 @@ OUTCOME_ROW = np.dtype([("trainer", "i4"), ("request", "i4"), ("applied_minibatc
                         ("candidates", "i8")])
 
 
-class AgentServer:
-    def __init__(self, layout, decider: Decider, log, delay: float = 0.0, run_dir: str = "", contexts=None):
+class DecisionService:
+    """Requests in, decisions out, keeping each trainer's context and logging every decision
+    and outcome; no transport (the agent rank serves it over MPI, the simulator in-process)."""
+
+    def __init__(self, decider: Decider, log, delay: float = 0.0, contexts=None):
         """``contexts``: the trainers' contexts from a checkpoint, when the run is resumed."""
-        self.comm, self.decider, self.log, self.delay = layout.node, decider, log, delay
-        self.run_dir, self.world_rank = run_dir, layout.world.rank
-        self.trainers = self.comm.size - 1  # every other rank of the node trains
+        self.decider, self.log, self.delay = decider, log, delay
         self.contexts: dict[int, TrainerContext] = dict(contexts or {})
-        self.checkpoints: dict[int, int] = {}  # counter: trainers that reported it
-        self.gone: set[int] = set()  # trainers that said BYE
         self.decisions = 0
 
-    def serve(self) -> int:
-        """Answer requests oldest first until every trainer said BYE. All messages that have
-        arrived are taken in before each decision, so one model serves its trainers fairly (MPI's
-        ANY_SOURCE matching is not fair: low ranks could starve the others)."""
-        from mpi4py import MPI
-
-        done, sends, waiting = 0, [], deque()
-        status, idle = MPI.Status(), 0.0005
-        while done < self.trainers or waiting:
-            while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
-                buf = np.zeros(max(len(REQUEST_FIELDS), len(HELLO_FIELDS)))
-                n = status.Get_count(MPI.DOUBLE)
-                self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=status.Get_tag())
-                trainer, kind = status.Get_source(), int(buf[0])
-                if kind == HELLO:
-                    facts = dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist()))
-                    if trainer in self.contexts:  # resumed: its history goes on
-                        self.contexts[trainer].facts = facts
-                    else:
-                        self.contexts[trainer] = TrainerContext(facts)
-                elif kind == CHECKPOINT:
-                    self.checkpoint(int(buf[1]))
-                elif kind == BYE:
-                    done += 1
-                    self.gone.add(trainer)
-                else:
-                    waiting.append((trainer, dict(zip(REQUEST_FIELDS, buf[:len(REQUEST_FIELDS)].tolist()))))
-            if not waiting:  # idle: leave the core to the node's trainers, polling less and less often
-                self.log.maybe_flush()
-                time.sleep(idle)
-                idle = min(2 * idle, 0.005)
-                continue
-            idle = 0.0005
-            trainer, req = waiting.popleft()
-            answer = self.answer(trainer, req)
-            sends = [r for r in sends if not r.Test()] + [self.comm.Isend(answer, dest=trainer, tag=TAG_TO_TRAINER)]
-            self.log.maybe_flush()
-        MPI.Request.Waitall(sends)
-        return self.decisions
-
-    def checkpoint(self, counter: int) -> None:
-        """Once every trainer of the node checkpoints after ``counter``: save the contexts."""
-        from rudder import checkpoint
-
-        self.checkpoints[counter] = self.checkpoints.get(counter, 0) + 1
-        if self.checkpoints[counter] < self.trainers:
-            return
-        del self.checkpoints[counter]
-        self.log.flush()
-        contexts = {t: {"facts": c.facts, "history": list(c.history), "pending": c.pending, "last_evicted": c.last_evicted}
-                    for t, c in self.contexts.items()}
-        checkpoint.save(os.path.join(checkpoint.folder(self.run_dir, counter), f"agent-{self.world_rank:05d}.pt"),
-                        {"counter": counter, "contexts": contexts, "log_rows": dict(self.log.written)})
+    def hello(self, trainer: int, facts: dict) -> None:
+        if trainer in self.contexts:  # resumed: its history goes on
+            self.contexts[trainer].facts = facts
+        else:
+            self.contexts[trainer] = TrainerContext(facts)
 
     def answer(self, trainer: int, req: dict) -> np.ndarray:
         ctx = self.contexts[trainer]
         self.reflect(trainer, ctx, req)
         ctx.latest = {k: req[k] for k in ("counter", "epoch", "step", "remaining", *WINDOW_METRICS)}
-        # A BYE behind this request means nobody will use the answer (a trainer awaiting an
-        # answer sends nothing else but checkpoint notices, which have the common tag).
-        ctx.abandoned = lambda: trainer in self.gone or self.comm.Iprobe(source=trainer, tag=TAG_BYE)
         start = time.perf_counter()
         if self.delay:  # --agent-delay: a deliberately slow decision maker (experiments, tests)
             time.sleep(self.delay)
@@ -319,6 +299,73 @@ class AgentServer:
             self.log.append("outcomes", (int(ctx.facts["world_rank"]), p["request"], int(req["prev_applied"]), evicted,
                                          int(req["prev_candidates"])))
         ctx.pending = None
+
+
+class AgentServer(DecisionService):
+    """The agent rank's loop: the node's trainers' requests over MPI, answered by a DecisionService."""
+
+    def __init__(self, layout, decider: Decider, log, delay: float = 0.0, run_dir: str = "", contexts=None):
+        super().__init__(decider, log, delay, contexts)
+        self.comm, self.run_dir, self.world_rank = layout.node, run_dir, layout.world.rank
+        self.trainers = self.comm.size - 1  # every other rank of the node trains
+        self.checkpoints: dict[int, int] = {}  # counter: trainers that reported it
+        self.gone: set[int] = set()  # trainers that said BYE
+
+    def answer(self, trainer: int, req: dict) -> np.ndarray:
+        # A BYE behind this request means nobody will use the answer (a trainer awaiting an
+        # answer sends nothing else but checkpoint notices, which have the common tag).
+        self.contexts[trainer].abandoned = lambda: trainer in self.gone or self.comm.Iprobe(source=trainer, tag=TAG_BYE)
+        return super().answer(trainer, req)
+
+    def serve(self) -> int:
+        """Answer requests oldest first until every trainer said BYE. All messages that have
+        arrived are taken in before each decision, so one model serves its trainers fairly (MPI's
+        ANY_SOURCE matching is not fair: low ranks could starve the others)."""
+        from mpi4py import MPI
+
+        done, sends, waiting = 0, [], deque()
+        status, idle = MPI.Status(), 0.0005
+        while done < self.trainers or waiting:
+            while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+                buf = np.zeros(max(len(REQUEST_FIELDS), len(HELLO_FIELDS)))
+                n = status.Get_count(MPI.DOUBLE)
+                self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=status.Get_tag())
+                trainer, kind = status.Get_source(), int(buf[0])
+                if kind == HELLO:
+                    self.hello(trainer, dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist())))
+                elif kind == CHECKPOINT:
+                    self.checkpoint(int(buf[1]))
+                elif kind == BYE:
+                    done += 1
+                    self.gone.add(trainer)
+                else:
+                    waiting.append((trainer, dict(zip(REQUEST_FIELDS, buf[:len(REQUEST_FIELDS)].tolist()))))
+            if not waiting:  # idle: leave the core to the node's trainers, polling less and less often
+                self.log.maybe_flush()
+                time.sleep(idle)
+                idle = min(2 * idle, 0.005)
+                continue
+            idle = 0.0005
+            trainer, req = waiting.popleft()
+            answer = self.answer(trainer, req)
+            sends = [r for r in sends if not r.Test()] + [self.comm.Isend(answer, dest=trainer, tag=TAG_TO_TRAINER)]
+            self.log.maybe_flush()
+        MPI.Request.Waitall(sends)
+        return self.decisions
+
+    def checkpoint(self, counter: int) -> None:
+        """Once every trainer of the node checkpoints after ``counter``: save the contexts."""
+        from rudder import checkpoint
+
+        self.checkpoints[counter] = self.checkpoints.get(counter, 0) + 1
+        if self.checkpoints[counter] < self.trainers:
+            return
+        del self.checkpoints[counter]
+        self.log.flush()
+        contexts = {t: {"facts": c.facts, "history": list(c.history), "pending": c.pending, "last_evicted": c.last_evicted}
+                    for t, c in self.contexts.items()}
+        checkpoint.save(os.path.join(checkpoint.folder(self.run_dir, counter), f"agent-{self.world_rank:05d}.pt"),
+                        {"counter": counter, "contexts": contexts, "log_rows": dict(self.log.written)})
 
 
 def run_agent(cfg, layout, meta) -> int:

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from rudder.agent import EVICT, KEEP, WINDOW_METRICS, Decider, Decision, TrainerContext, register_decider
+from rudder.agent import EVICT, KEEP, Decider, Decision, TrainerContext, register_decider, window_means
 
 FEATURES = ("log_nodes", "log_edges", "num_parts", "log_batch_size", "log_halo", "capacity_fraction", "progress",
             "hitrate", "comm_per_seed", "candidate_fraction", "refetched_per_seed", "last_evicted_fraction")
@@ -58,10 +58,6 @@ def features(facts: dict, latest: dict, last_evicted: float) -> np.ndarray:
         latest["hitrate"], latest["comm_volume"] / batch, latest["candidates"] / capacity,
         latest["refetched"] / batch, last_evicted / capacity,
     ], dtype=np.float64)
-
-
-def window_means(window: list[dict]) -> dict:
-    return {k: float(np.mean([m[k] for m in window])) for k in WINDOW_METRICS}
 
 
 # -- collection ----------------------------------------------------------------------------------
@@ -252,6 +248,23 @@ def train(runs: list[str], out: str, kinds: list[str], seed: int = 42) -> dict:
     return report
 
 
+def evaluate(model_dir: str, runs: list[str], kinds: list[str] | None = None) -> dict:
+    """Accuracy of the models in ``model_dir`` on the traces of ``runs`` (labelled over those
+    traces alone): the unseen-configuration test when ``runs`` were not trained on."""
+    trace = load_traces(runs)
+    y = labels(trace)
+    x = np.stack([trace[f] for f in FEATURES], axis=1)
+    out = {"runs": [os.path.abspath(r) for r in runs], "rows": int(len(y)), "evict_labels": float(y.mean()), "models": {}}
+    for kind in kinds or list(MODELS):
+        path = os.path.join(model_dir, MODELS[kind])
+        if not os.path.exists(path):
+            continue
+        _, model, mean, std = load_model(path)
+        guess = predict(model, (x - mean) / std)
+        out["models"][kind] = {"accuracy": float((guess == y).mean()), "evict_share": float(guess.mean())}
+    return out
+
+
 # -- runtime -------------------------------------------------------------------------------------
 def check_model_file(path: str) -> str:
     """The model kind of ``path``, or a one-line ClassifierError (no heavy imports: a start-up check)."""
@@ -317,6 +330,10 @@ def main(argv=None) -> int:
     t.add_argument("--out", required=True, help="directory for preprocessor.json and the model files")
     t.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)} (default all)")
     t.add_argument("--seed", type=int, default=42, help="seed of the 80/20 split (default 42)")
+    e = sub.add_parser("evaluate", help="accuracy of trained models on other runs' traces (unseen configurations)")
+    e.add_argument("models_dir", help="the --out directory of a train command")
+    e.add_argument("runs", nargs="+", help="collection-mode run directories")
+    e.add_argument("--models", default=",".join(MODELS))
     args = ap.parse_args(argv)
     kinds = [k for k in args.models.split(",") if k]
     unknown = [k for k in kinds if k not in MODELS]
@@ -326,6 +343,13 @@ def main(argv=None) -> int:
     from rudder.analyze import AnalysisError
 
     try:
+        if args.command == "evaluate":
+            report = evaluate(args.models_dir, args.runs, kinds)
+            print(f"{report['rows']} trace rows ({report['evict_labels']:.0%} labelled evict)")
+            print(f"{'model':6} {'accuracy':>8} {'evict share':>11}")
+            for kind, r in report["models"].items():
+                print(f"{kind:6} {r['accuracy']:8.3f} {r['evict_share']:11.2f}")
+            return 0
         report = train(args.runs, args.out, kinds, args.seed)
     except (ClassifierError, AnalysisError) as e:
         print(f"rudder.classifier: error: {e}", file=sys.stderr)

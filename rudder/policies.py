@@ -147,9 +147,7 @@ class AgentPolicy(Policy):
     needs_agent = True
 
     def start(self, trainer) -> None:
-        from rudder.agent import AgentLink
-
-        self.link = AgentLink(trainer.layout, trainer.facts, self.cfg.agent_window)
+        self.link = trainer.connect_agent(self.cfg.agent_window)  # over MPI, or in-process when simulated
         self.steps_per_epoch, self.total = trainer.steps_per_epoch, trainer.facts["total_minibatches"]
         self.applying = None  # (request id, evict?) of the answer found on this minibatch
 

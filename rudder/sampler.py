@@ -133,3 +133,17 @@ class NeighborSampler:
             layers.insert(0, Layer(src_index, row, src_nodes.size, dst_nodes.size))
             dst_nodes = src_nodes
         return SampledMinibatch(seeds, dst_nodes, layers, stats)
+
+
+def minibatch_schedule(seed: int, partition_id: int, train_nodes: np.ndarray, share, steps_per_epoch: int,
+                       epochs: int, start: int = 0):
+    """(epoch, step, seeds) for a whole run from minibatch ``start`` on: each epoch a fresh
+    shuffle of the partition's training nodes (keyed by the epoch, so a resumed run and the
+    simulator shuffle alike, and the same on a node's trainers), ``share(order)`` of it (this
+    trainer's part), split into ``steps_per_epoch`` steps."""
+    first_epoch, first_step = divmod(start, steps_per_epoch)
+    for epoch in range(first_epoch, epochs):
+        order = np.random.default_rng([seed, 1, partition_id, epoch]).permutation(train_nodes)
+        for step, seeds in enumerate(np.array_split(share(order), steps_per_epoch)):
+            if epoch > first_epoch or step >= first_step:
+                yield epoch, step, seeds

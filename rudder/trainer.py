@@ -37,7 +37,7 @@ from rudder.partition_store import read_partition
 from rudder.pipeline import MinibatchPipeline
 from rudder.policies import make_policy
 from rudder.run_log import RunLog, log_path
-from rudder.sampler import Adjacency, NeighborSampler
+from rudder.sampler import Adjacency, NeighborSampler, minibatch_schedule
 from rudder.shared_memory import NodeSharedArrays
 
 MINIBATCH_ROW = np.dtype([
@@ -188,16 +188,14 @@ class Trainer:
                                           self.policy.lookahead, snapshot=self.snapshot_if_due if self.period else None)
 
     def schedule(self, start: int = 0):
-        """(epoch, step, seeds) for the whole run from minibatch ``start`` on: each epoch a fresh
-        shuffle of the partition's training nodes (the same on a node's trainers, keyed by the
-        epoch so a resumed run shuffles alike), this trainer's share of it, split into the run's
-        equal number of steps."""
-        first_epoch, first_step = divmod(start, self.steps_per_epoch)
-        for epoch in range(first_epoch, self.cfg.epochs):
-            order = np.random.default_rng([self.cfg.seed, 1, self.layout.partition_id, epoch]).permutation(self.train_nodes)
-            for step, seeds in enumerate(np.array_split(my_share(order, self.layout), self.steps_per_epoch)):
-                if epoch > first_epoch or step >= first_step:
-                    yield epoch, step, seeds
+        """(epoch, step, seeds) of this trainer from minibatch ``start`` on."""
+        return minibatch_schedule(self.cfg.seed, self.layout.partition_id, self.train_nodes,
+                                  lambda order: my_share(order, self.layout), self.steps_per_epoch, self.cfg.epochs, start)
+
+    def connect_agent(self, window: int):
+        from rudder.agent import AgentLink
+
+        return AgentLink(self.layout, self.facts, window)
 
     def to_device(self, x: np.ndarray) -> torch.Tensor:
         """Input features on the model's device: on a GPU through a reused pinned host buffer,
