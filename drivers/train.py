@@ -87,10 +87,10 @@ def check_policy_inputs(cfg, layout) -> None:
         except ClassifierError as e:
             raise ConfigError(str(e)) from None
     elif cfg.policy == "replay":
-        from rudder.analyze import AnalysisError, load_run
+        from rudder.analyze import AnalysisError, trainer_table
 
         try:
-            load_run(cfg.replay)
+            trainer_table(cfg.replay, 0)
         except AnalysisError as e:
             raise ConfigError(f"--replay {e}") from None
 

@@ -126,6 +126,28 @@ def load_run(path: str) -> Run:
     return Run(path, ranks, warnings, agents)
 
 
+def trainer_table(path: str, trainer_rank: int) -> tuple[dict, np.ndarray]:
+    """One trainer's run record and minibatch table, without reading the rest of the run (what
+    ``--policy replay`` needs on every trainer)."""
+    import h5py
+
+    if not os.path.isdir(path):
+        raise AnalysisError(f"{path}: not a directory")
+    files = sorted(glob.glob(os.path.join(path, "rank-*.h5")))
+    if not files:
+        raise AnalysisError(f"{path}: no rank-NNNNN.h5 logs here (not a run directory of drivers/train.py)")
+    for name in files:
+        try:
+            with h5py.File(name, "r", locking=False) as f:
+                if f.attrs.get("format") != FORMAT_NAME or f.attrs.get("role", "trainer") == "agent":
+                    continue
+                if json.loads(f.attrs["layout"])["trainer_rank"] == trainer_rank:
+                    return json.loads(f.attrs["run"]), f["minibatches"][()]
+        except (OSError, KeyError, ValueError) as e:
+            raise AnalysisError(f"{name}: unreadable ({str(e).splitlines()[0][:120]})") from None
+    raise AnalysisError(f"{path}: no log of trainer {trainer_rank}")
+
+
 def remote_rows_fetched(minibatches: np.ndarray) -> np.ndarray:
     """Remote feature rows each minibatch fetched: remote inputs the buffer missed, plus refills."""
     return minibatches["input_remote"] - minibatches["hits"] + minibatches["refills"]

@@ -267,14 +267,16 @@ RESUMABLE = ("epochs", "checkpoint_every", "progress", "log_flush_seconds", "res
 
 def checkpointed_config(run: str) -> dict:
     """The config of the run a checkpoint in RUN belongs to."""
-    path = os.path.join(run, "checkpoint", "latest.json")
+    from rudder import checkpoint
+
+    path = os.path.join(checkpoint.root(run), "latest.json")
     try:
-        with open(path) as f:
-            return json.load(f)["config"]
+        return checkpoint.latest(run)["config"]
     except OSError:
         raise ConfigError(f"--resume {run}: no checkpoint there ({path} missing; was it run with --checkpoint-every?)") from None
     except (ValueError, KeyError) as e:
-        raise ConfigError(f"--resume {run}: {path} is not a checkpoint record ({e})") from None
+        text = str(e)  # an unsupported format says so itself
+        raise ConfigError(text if text.startswith("--resume") else f"--resume {run}: {path} is not a checkpoint record ({e})") from None
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:

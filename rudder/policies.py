@@ -203,16 +203,15 @@ class LLMAgent(AgentPolicy):
 
 def replacement_minibatches(run_dir: str, trainer_rank: int, steps_per_epoch: int) -> set[int]:
     """The minibatch counters at which trainer ``trainer_rank`` of an earlier run replaced."""
-    from rudder.analyze import load_run
+    from rudder.analyze import AnalysisError, trainer_table
 
-    run = load_run(run_dir)
-    mine = [r for r in run.ranks if r.layout["trainer_rank"] == trainer_rank]
-    if not mine:
-        raise ValueError(f"--replay {run_dir}: no log of trainer {trainer_rank}")
-    if mine[0].run["steps_per_epoch"] != steps_per_epoch:
-        raise ValueError(f"--replay {run_dir}: {mine[0].run['steps_per_epoch']} steps per epoch there, "
+    try:
+        run, mb = trainer_table(run_dir, trainer_rank)
+    except AnalysisError as e:
+        raise ValueError(f"--replay {e}") from None
+    if run["steps_per_epoch"] != steps_per_epoch:
+        raise ValueError(f"--replay {run_dir}: {run['steps_per_epoch']} steps per epoch there, "
                          f"{steps_per_epoch} here (replay needs the same data, batch size and ranks)")
-    mb = mine[0].minibatches
     replaced = mb[mb["replaced"] == 1]
     return set((replaced["epoch"].astype(np.int64) * steps_per_epoch + replaced["step"]).tolist())
 

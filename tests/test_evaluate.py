@@ -1,0 +1,124 @@
+"""The evaluation harness end to end on the tiny grid (bench/grids/tiny.toml): every policy runs
+on every configuration, the figures are the runs' own, every run is reproduced exactly by the
+simulator, the classifiers are scored on seen and unseen configurations, DistDGL runs beside
+(or is skipped with its reason), and a rerun reuses what is done."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, read_logs
+
+GRID = os.path.join(REPO, "bench", "grids", "tiny.toml")
+POLICIES = ["none-serial", "none", "static-f0.25", "fixed-f0.25", "lookahead-f0.25", "heuristic-f0.25", "llm-f0.25",
+            "classifier-f0.25"]
+
+
+def evaluate(*args, timeout=1500):
+    return subprocess.run([sys.executable, os.path.join(REPO, "bench", "evaluate.py"), *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval") / "tiny"
+    proc = evaluate("--grid", GRID, "--seed", "0", "--out", out, "--publish", out / "published.md")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text()), proc.stdout
+
+
+def test_every_policy_runs_on_every_configuration_with_exact_caching(tiny):
+    out, results, _ = tiny
+    configs = results["grid"]["configs"]
+    assert sorted(configs) == ["cora-p2-b8-f10_25", "sbm-p2-b32-f10_25"]
+    assert not results["failed"] and not results["not_run"]
+    for key, r in configs.items():
+        assert list(r["runs"]) == POLICIES, key
+        logs = {label: read_logs(fig["run"]) for label, fig in r["runs"].items()}
+        none = [x for x in logs["none-serial"] if x["role"] == "trainer"]
+        for label, ranks in logs.items():
+            trainers = [x for x in ranks if x["role"] == "trainer"]
+            assert len(trainers) == 2 and all(x["status"] == "completed" for x in ranks), (key, label)
+            for ours, theirs in zip(trainers, none):  # caching is exact and sampling policy-free: same losses
+                np.testing.assert_array_equal(ours["minibatches"]["loss"], theirs["minibatches"]["loss"])
+            fetched = sum(int((x["minibatches"]["rows_shared"] + x["minibatches"]["rows_rma"])[x["minibatches"]["epoch"] >= 1].sum())
+                          for x in trainers)
+            assert r["runs"][label]["rows_per_epoch"] == pytest.approx(fetched / 2), (key, label)  # epochs 2..3
+        runs = r["runs"]
+        assert runs["none-serial"]["rows_per_epoch"] == runs["none"]["rows_per_epoch"]  # overlap changes no traffic
+        for label in ("static-f0.25", "lookahead-f0.25", "heuristic-f0.25"):
+            assert runs[label]["rows_per_epoch"] < runs["none"]["rows_per_epoch"], (key, label)
+            assert runs[label]["hit_percent"] > 0
+        assert runs["lookahead-f0.25"]["rows_per_epoch"] < runs["static-f0.25"]["rows_per_epoch"]
+
+
+def test_every_run_is_reproduced_by_the_simulator(tiny):
+    _, results, _ = tiny
+    s = results["simulator"]
+    assert s["runs"] == 16 and s["mismatches"] == []
+    logged = sum(len(x["minibatches"]) for r in results["grid"]["configs"].values() for fig in r["runs"].values()
+                 for x in read_logs(fig["run"]) if x["role"] == "trainer")
+    assert s["minibatches"] == logged > 0
+    scale = results["scale"]["16"]
+    pol = scale["policies"]
+    assert scale["parts"] == 16 and set(pol) == {"none", "static", "fixed", "lookahead", "heuristic"}
+    assert pol["static"]["rows_per_epoch"] < pol["none"]["rows_per_epoch"]
+
+
+def test_agents_classifiers_and_the_peer_are_reported(tiny):
+    out, results, stdout = tiny
+    configs = results["grid"]["configs"]
+    for r in configs.values():
+        d = r["runs"]["heuristic-f0.25"]["decisions"]
+        assert d["count"] > 0 and d["invalid_rate"] == 0 and d["pass_at_1_hitrate"] is not None
+        llm = r["runs"]["llm-f0.25"]["decisions"]  # short runs: the model may answer few times, never out of format
+        assert llm["count"] >= 1 and llm["invalid_rate"] == 0
+        assert r["runs"]["classifier-f0.25"]["decisions"]["count"] > 0
+    c = results["grid"]["classifiers"]
+    assert c["seen_datasets"] == ["cora"] and c["kind"] == "xgb" and os.path.isfile(c["model"])
+    assert set(c["seen"]) == set(c["unseen"]) == {"lr", "svm", "rf", "xgb", "mlp"}
+    assert c["seen_rows"] > 0 and c["unseen_rows"] > 0
+    assert all(0 <= a <= 1 for a in [*c["seen"].values(), *c["unseen"].values()])
+    peer = results["distdgl"]
+    if "skipped" in peer:
+        assert peer["skipped"]
+    else:
+        p = peer["cora-p2-b8-f10_25"]
+        assert p["epoch_seconds"] > 0 and p["rows_per_epoch"] > 0 and 0 < p["test_acc"] <= 1 and p["batch_size"] == 8
+    md = (out / "results.md").read_text()
+    assert md == (out / "published.md").read_text()
+    assert "python bench/evaluate.py --grid" in md and "## cora-p2-b8-f10_25" in md and "## Classifiers" in md
+    assert "## Where the llm policy does not win" in md and "## Simulator" in md
+    assert os.path.isfile(out / "plots" / "cora-p2-b8-f10_25.png")
+
+
+def test_a_rerun_reuses_every_finished_run(tiny):
+    out, results, _ = tiny
+    proc = evaluate("--grid", GRID, "--seed", "0", "--out", out, "--no-validate")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = proc.stdout
+    assert "ran runs/" not in log and "partitioned cora" not in log
+    again = json.loads((out / "results.json").read_text())
+    for key, r in again["grid"]["configs"].items():
+        for label, fig in r["runs"].items():
+            assert fig["rows_per_epoch"] == results["grid"]["configs"][key]["runs"][label]["rows_per_epoch"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[grid]\nranks = [2]\n", "no [datasets] table"),
+    ("[datasets]\na = 'bundled:cora'\n[grid]\nranks = [2]\nfractions = [0.25]\npolicies = ['nope']\n", "policy 'nope'"),
+    ("[datasets]\na = { spec = 'bundled:cora', rank = [2] }\n[grid]\nranks = [2]\nfractions = [0.25]\npolicies = ['none']\n",
+     "unknown key 'rank'"),
+    ("not toml [", "not valid TOML"),
+])
+def test_a_bad_grid_is_one_line(tmp_path, text, expected):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(text)
+    proc = evaluate("--grid", grid, "--out", tmp_path / "out")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and expected in proc.stderr and str(grid) in proc.stderr

@@ -1,0 +1,101 @@
+"""The trace-driven simulator (rudder.simulate): it reproduces real runs exactly (here at 8 ranks;
+test_train_policies checks 2 and 4 ranks under every buffer policy, test_evaluate every policy
+of the tiny grid), its validator catches a log that differs, and its CLI reports rows and
+modelled times for any partition count."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import BUNDLED_CORA, REPO, run_train
+
+
+@pytest.fixture(scope="module")
+def cora8(tmp_path_factory):
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+
+    parts = str(tmp_path_factory.mktemp("cora8") / "parts")
+    partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 8, parts, method="metis", seed=0)
+    return parts
+
+
+def simulate(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "rudder.simulate", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_eight_real_ranks_are_reproduced_exactly_and_a_changed_log_is_caught(cora8, tmp_path):
+    run = str(tmp_path / "run")
+    proc = run_train(8, "--data", cora8, "--run-dir", run, "--policy", "fixed", "--delta", "3", "--buffer-init", "random",
+                     "--epochs", "3", "--batch-size", "8", "--seed", "5", "--eval-every", "0", "--progress", "none",
+                     env={"MPIR_CVAR_NUM_CLIQUES": "8"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ok = simulate("--validate", run, "--workers", "2")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "8" in ok.stdout and " match " in ok.stdout
+    compared = int(ok.stdout.split(": ")[-1].split()[0])
+    with h5py.File(f"{run}/rank-00000.h5", "r") as f:
+        assert compared == 8 * len(f["minibatches"])
+
+    changed = str(tmp_path / "changed")  # one refill count off on trainer 5: the validator names it
+    shutil.copytree(run, changed)
+    with h5py.File(f"{changed}/rank-00005.h5", "r+") as f:
+        rows = f["minibatches"][()]
+        i = int(np.flatnonzero(rows["refills"] > 0)[0])
+        rows["refills"][i] += 1
+        f["minibatches"][i] = rows[i]
+    bad = simulate("--validate", changed, "--workers", "1")
+    assert bad.returncode == 1
+    assert f"trainer 5 epoch {rows['epoch'][i]} step {rows['step'][i]}: refills {rows['refills'][i]} logged" in bad.stdout
+    assert "MISMATCH" in bad.stdout
+
+
+def test_the_cli_reports_every_policy_with_modelled_times(cora8, tmp_path):
+    out = tmp_path / "sim.json"
+    proc = simulate("--data", cora8, "--epochs", "3", "--batch-size", "8", "--policies",
+                    "none,static,fixed,lookahead,heuristic,f1=fixed:delta=1,slow=heuristic:agent_latency=4",
+                    "--feat-dim", "512", "--out", out, "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(out.read_text())
+    pol = s["policies"]
+    assert list(pol) == ["none", "static", "fixed", "lookahead", "heuristic", "f1", "slow"]
+    assert s["parts"] == 8 and s["feat_dim"] == 512 and s["epochs_counted"] == "2..3"
+    none = pol["none"]
+    assert none["hit_percent"] == 0 and none["fill_rows"] == 0 and none["replacements"] == 0
+    for label in ("static", "fixed", "lookahead"):  # any buffer fetches less than none on Cora
+        assert 0 < pol[label]["rows_per_epoch"] < none["rows_per_epoch"], label
+    assert pol["static"]["fill_rows"] > 0 and pol["static"]["replacements"] == 0
+    assert pol["f1"]["replacements"] > pol["fixed"]["replacements"] > 0
+    assert pol["heuristic"]["decisions"] > 0 and pol["slow"]["decisions"] < pol["heuristic"]["decisions"]
+    for r in pol.values():  # the time model: overlap never slower; comm a share of the step
+        assert 0 < r["epoch_seconds_overlap"] <= r["epoch_seconds"]
+        assert 0 < r["comm_share"] < 1
+    assert "rows/epoch" in proc.stdout and "heuristic" in proc.stdout
+
+    # the same partitions and seed give the same rows with or without worker processes
+    again = simulate("--data", cora8, "--epochs", "3", "--batch-size", "8", "--policies", "none,fixed", "--machine",
+                     "none", "--workers", "1", "--out", tmp_path / "one.json")
+    assert again.returncode == 0, again.stderr
+    one = json.loads((tmp_path / "one.json").read_text())["policies"]
+    assert one["none"]["rows_per_epoch"] == none["rows_per_epoch"] and one["fixed"]["rows_per_epoch"] == pol["fixed"]["rows_per_epoch"]
+    assert "epoch_seconds" not in one["none"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--data", "/nonexistent"], "/nonexistent"),
+    (["--policies", "none,bogus"], "'bogus' is not one of"),
+    (["--policies", "fixed:delta"], "is not FLAG=VALUE"),
+    (["--buffer-fraction", "2"], "--buffer-fraction 2.0: expected a fraction"),
+    (["--agent-latency", "0"], "--agent-latency 0"),
+])
+def test_bad_input_is_one_line(cora8, args, expected):
+    proc = simulate("--data", cora8, *args)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
