@@ -49,6 +49,12 @@ from rudder.partition_store import PartitionFormatError, PartitionMeta, global_c
 from rudder.policies import POLICIES, make_policy
 from rudder.sampler import NeighborSampler, minibatch_schedule
 
+@dataclass
+class SimConfig(TrainConfig):
+    """A run's config (``drivers/train.py``'s flags) plus what only the simulator has."""
+    agent_latency: int = 1  # minibatches between an agent request and the trainer finding its answer
+
+
 # -- the machine model ---------------------------------------------------------------------------
 
 
@@ -240,7 +246,7 @@ def facts_of(graph: Graph, cfg: TrainConfig, part: int, capacity: int) -> dict:
 COLUMNS = ("rows_fetched", "rows_rma", "hits", "misses", "refills", "candidates", "replaced", "fetch_seconds")
 
 
-def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, machine: Machine | None,
+def replay_policy(graph: Graph, cfg: SimConfig, part: int, sampled: Sampled, machine: Machine | None,
                   row_bytes: int) -> dict:
     """One trainer's minibatches under ``cfg.policy``: per-minibatch columns (``COLUMNS``) and
     the initial fill."""
@@ -260,7 +266,7 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
     facts = facts_of(graph, cfg, part, capacity)
     trainer = SimpleNamespace(cfg=cfg, facts=facts, log=log, steps_per_epoch=steps,
                               layout=SimpleNamespace(trainer_rank=part, partition_id=part),
-                              connect_agent=lambda window: ModelledLink(service, part, facts, window, cfg_latency(cfg)))
+                              connect_agent=lambda window: ModelledLink(service, part, facts, window, cfg.agent_latency))
     policy.start(trainer)
     out = {c: np.zeros(len(sampled.inputs), dtype=np.float64 if c == "fetch_seconds" else np.int64) for c in COLUMNS}
     window = policy.lookahead
@@ -282,10 +288,6 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
     return {**out, "fill_rows": fill.rows_shared + fill.rows_remote, "capacity": capacity, "decisions": len(decisions)}
 
 
-def cfg_latency(cfg) -> int:
-    return getattr(cfg, "agent_latency", 1)
-
-
 # -- the whole simulation ------------------------------------------------------------------------
 
 _GRAPH: Graph | None = None  # set before the worker pool forks, so workers share it copy-on-write
@@ -298,12 +300,6 @@ def _simulate_trainer(job):
                   for name, overrides in policies.items()}
     sampled.inputs = []  # the parent needs the counts only
     return part, sampled, per_policy
-
-
-@dataclass
-class SimConfig(TrainConfig):
-    """A run's config plus what only the simulator has."""
-    agent_latency: int = 1  # minibatches between an agent request and the trainer finding its answer
 
 
 def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | None, feat_dim: int | None = None,
@@ -402,7 +398,7 @@ def validate(run_dir: str, workers: int = 1) -> tuple[int, list[str]]:
     from rudder.analyze import load_run
 
     run = load_run(run_dir)
-    cfg = TrainConfig(**run.config)
+    cfg = SimConfig(**run.config)
     if cfg.partition_mode != "trainer" or cfg.buffer_sharing != "trainer":
         raise ConfigError(f"--validate {run_dir}: simulates --partition-mode trainer runs only (this one: {cfg.partition_mode})")
     overrides = {}
