@@ -55,7 +55,8 @@ def prepare(parts: str, out: str) -> str:
         return config
     dgl = load_dgl()
     import torch
-    import dgl.distributed.partition as dgl_partition
+
+    dgl_partition = dgl.distributed.partition  # the module whose random_choice is replaced below
 
     ps = [read_partition(parts, p, meta) for p in range(meta.num_parts)]
     indptr, indices = global_csr(ps)

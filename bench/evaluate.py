@@ -211,21 +211,28 @@ def policy_flags(policy: str, fraction: float | None, classifier_model: str | No
 
 
 def figures(run_dir: str, data_dir: str) -> dict:
-    """What the results tables show of one run (from the analysis tool's summary)."""
-    from rudder.analyze import decision_quality, fallback_counts, load_run, summarize
+    """What the results tables show of one run: remote rows fetched per epoch (summed over
+    trainers) and the slowest trainer's epoch time, over epochs 2..E as for the DistDGL peer
+    (the first epoch warms up), and the analysis tool's hit %, accuracy and decision figures."""
+    from rudder.analyze import decision_quality, fallback_counts, load_run, remote_rows_fetched, summarize
 
     run = load_run(run_dir)
     s = summarize(run, data_dir)
-    row = {"run": os.path.abspath(run_dir), "rows_per_epoch": s["traffic"]["remote_rows_fetched_per_epoch"],
-           "epoch_seconds": s["epochs"]["median_seconds"], "hit_percent": s["buffer"]["hit_percent"],
+    epochs = sorted(set.intersection(*(set(r.epochs["epoch"][r.epochs["complete"] == 1].tolist()) for r in run.ranks)))
+    later = epochs[1:] or epochs
+    rows = sum(int(remote_rows_fetched(r.minibatches)[np.isin(r.minibatches["epoch"], later)].sum()) for r in run.ranks)
+    seconds = [max(float(r.epochs["seconds"][r.epochs["epoch"] == e][0]) for r in run.ranks) for e in later]
+    row = {"run": os.path.abspath(run_dir), "rows_per_epoch": rows / len(later) if later else None,
+           "epoch_seconds": float(np.median(seconds)) if seconds else None, "hit_percent": s["buffer"]["hit_percent"],
            "test_acc": s["accuracy"]["test"], "over_min": (s.get("bound") or {}).get("achieved_over_min")}
     if run.agents:
         q = decision_quality(run)
         reasons = fallback_counts(run)
-        finished = sum(v for k, v in reasons.items() if k.startswith("the trainer finished") or "left" in k)
-        invalid = sum(reasons.values()) - finished
-        row["decisions"] = {"count": q["count"], "evict": q["evict"], "latency_mean": q["latency_mean"],
-                            "pass_at_1_hitrate": q["pass_at_1_hitrate"]["value"], "pass_at_1_comm": q["pass_at_1_comm"]["value"],
+        cut = [text for a in run.agents for text in (a.fallback_reasons or []) if "trainer finished" in text]
+        invalid = sum(reasons.values()) - len(cut)  # a decision cut off because its trainer had finished is not the model's fault
+        row["decisions"] = {"count": q["count"], "answered": q["count"] - sum(reasons.values()), "evict": q["evict"],
+                            "latency_mean": q["latency_mean"], "pass_at_1_hitrate": q["pass_at_1_hitrate"]["value"],
+                            "pass_at_1_comm": q["pass_at_1_comm"]["value"],
                             "invalid_rate": invalid / q["count"] if q["count"] else None, "fallbacks": reasons}
     return row
 
@@ -418,13 +425,13 @@ def policy_table(r: dict, fractions: list) -> list[str]:
 
 
 def decisions_table(configs: dict) -> list[str]:
-    lines = ["| configuration | policy | decisions | evict | latency s | Pass@1 hit rate | Pass@1 comm | invalid rate |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| configuration | policy | decisions | answered | evict | latency s | Pass@1 hit rate | Pass@1 comm | invalid rate |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for key, r in configs.items():
         for label, fig in r["runs"].items():
             d = fig.get("decisions")
             if d:
-                lines.append(f"| {key} | {label} | {d['count']} | {d['evict']} | {fmt(d['latency_mean'], '.3f')} "
+                lines.append(f"| {key} | {label} | {d['count']} | {d.get('answered', '-')} | {d['evict']} | {fmt(d['latency_mean'], '.3f')} "
                              f"| {fmt(d['pass_at_1_hitrate'], '.3f')} | {fmt(d['pass_at_1_comm'], '.3f')} | {fmt(d['invalid_rate'], '.3f')} |")
     return lines
 
@@ -437,20 +444,24 @@ def verdicts(configs: dict) -> list[str]:
             if not label.startswith("llm-"):
                 continue
             f = label[len("llm-"):]
+            answered = (fig.get("decisions") or {}).get("answered", 0)
             for other in ("heuristic", "lookahead"):
                 o = r["runs"].get(f"{other}-{f}")
                 if o and fig["rows_per_epoch"] is not None and o["rows_per_epoch"] is not None:
                     worse = fig["rows_per_epoch"] > o["rows_per_epoch"]
+                    verdict = "does NOT beat" if worse else "beats or ties"
+                    if not answered:
+                        verdict += f" {other}, but the model answered no decision within the run (it acted as static), so"
                     out.append(f"- {key}, {f}: llm fetches {fig['rows_per_epoch']:,.0f} rows/epoch vs {other} "
                                f"{o['rows_per_epoch']:,.0f} ({ratio(fig['rows_per_epoch'], o['rows_per_epoch'])}x): "
-                               f"{'does NOT beat' if worse else 'beats or ties'} {other}.")
+                               f"{verdict} {other}.")
     return out
 
 
 def report(h: Harness, results: dict, command: str) -> str:
     g = h.grid
     lines = [f"# Evaluation results: grid `{g.get('name', '?')}`, seed {h.seed}", "",
-             f"Produced by `{command}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"Produced by `{command}`, finished {results['finished']}, "
              f"commit {results['commit']}, on {results['machine']}. Every number below comes from this run's logs "
              f"(`{os.path.relpath(h.out, REPO) if h.out.startswith(REPO) else h.out}/results.json`).", "",
              f"Each configuration: GraphSAGE, {g['epochs']} epochs, hidden {g['hidden']}; every trainer an emulated node "
@@ -476,7 +487,8 @@ def report(h: Harness, results: dict, command: str) -> str:
     dec = decisions_table(results["grid"]["configs"])
     if len(dec) > 2:
         lines += ["## Agent decisions", "", "Pass@1: share of predicted hit-rate / comm-volume directions that the "
-                  "next window confirmed; invalid rate: answers that fell back for any reason but the trainer finishing.",
+                  "next window confirmed; answered: decisions the decider made itself (the rest fell back); invalid rate: "
+                  "fallbacks for any reason but the trainer having finished (time-outs and out-of-format answers).",
                   "", *dec, ""]
     v = verdicts(results["grid"]["configs"])
     if v:
@@ -521,15 +533,18 @@ def report(h: Harness, results: dict, command: str) -> str:
         lines.append(f"- {m}")
     scale = results.get("scale")
     if scale:
-        lines += ["", "Scale (modelled; docs/simulator.md): remote rows per epoch and modelled epoch seconds "
-                  "(with overlap) on Perlmutter GPU nodes, 4 trainers per node.", "",
-                  "| partitions | policy | rows/epoch | x none | x fixed | hits % | epoch s (overlap) | x none |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "Scale (modelled; docs/simulator.md): remote rows per epoch (exact, simulated) and modelled epoch "
+                  "seconds without and with overlap, on Perlmutter GPU nodes, 4 trainers per node.", "",
+                  "| partitions | policy | rows/epoch | x none | x fixed | hits % | epoch s | x none | epoch s (overlap) | x none |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for parts, summ in scale.items():
             pol = summ["policies"]
+            none = pol.get("none", {})
             for label, r in pol.items():
-                lines.append(f"| {parts} | {label} | {r['rows_per_epoch']:,.0f} | {ratio(r['rows_per_epoch'], pol.get('none', {}).get('rows_per_epoch'))} "
+                lines.append(f"| {parts} | {label} | {r['rows_per_epoch']:,.0f} | {ratio(r['rows_per_epoch'], none.get('rows_per_epoch'))} "
                              f"| {ratio(r['rows_per_epoch'], pol.get('fixed', {}).get('rows_per_epoch'))} | {r['hit_percent']:.1f} "
-                             f"| {fmt(r.get('epoch_seconds_overlap'), '.4f')} | {ratio(r.get('epoch_seconds_overlap'), pol.get('none', {}).get('epoch_seconds_overlap'))} |")
+                             f"| {fmt(r.get('epoch_seconds'), '.4f')} | {ratio(r.get('epoch_seconds'), none.get('epoch_seconds'))} "
+                             f"| {fmt(r.get('epoch_seconds_overlap'), '.4f')} | {ratio(r.get('epoch_seconds_overlap'), none.get('epoch_seconds_overlap'))} |")
     if h.failed:
         lines += ["", "Failed runs: " + "; ".join(h.failed)]
     if h.not_run:
@@ -569,6 +584,32 @@ def plots(h: Harness, configs: dict) -> list[str]:
     return written
 
 
+def rebuild_report(h: Harness, publish: str | None) -> int:
+    """results.md again from results.json, each run's figures recomputed from its logs."""
+    path = os.path.join(h.out, "results.json")
+    try:
+        results = json.load(open(path))
+    except (OSError, ValueError) as e:
+        print(f"error: --report-only: cannot read {path} ({e})", file=sys.stderr)
+        return 2
+    for r in results["grid"]["configs"].values():
+        for label, fig in r["runs"].items():
+            r["runs"][label] = figures(fig["run"], r["parts"])
+    h.not_run, h.failed, h.seed = results["not_run"], results["failed"], results["seed"]
+    results.setdefault("finished", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(path))))
+    results.setdefault("command", json.load(open(os.path.join(h.out, "grid.json")))["command"])
+    results["plots"] = plots(h, results["grid"]["configs"])
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    text = report(h, results, results.get("command", "?"))
+    with open(os.path.join(h.out, "results.md"), "w") as f:
+        f.write(text)
+    if publish:
+        shutil.copyfile(os.path.join(h.out, "results.md"), publish)
+    print(text)
+    return 0
+
+
 def machine_text() -> str:
     load = os.getloadavg()[0]
     return f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, load {load:.2f} at end)"
@@ -582,6 +623,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-minutes", type=float, default=120.0)
     ap.add_argument("--publish", metavar="FILE", help="also copy results.md here (e.g. docs/results.md)")
     ap.add_argument("--no-validate", action="store_true", help="skip the simulator check of every run")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rebuild results.md from --out's results.json and the runs' logs, running nothing")
     a = ap.parse_args(argv)
     command = "python bench/evaluate.py " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
@@ -591,12 +634,14 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(a.out, exist_ok=True)
     h = Harness(grid, a.out, a.seed, a.budget_minutes)
+    if a.report_only:
+        return rebuild_report(h, a.publish)
     datasets, skipped = resolve_datasets(grid)
     for s in skipped:
         h.say(f"dataset skipped: {s}")
     json.dump({"grid": grid, "seed": a.seed, "command": command}, open(os.path.join(h.out, "grid.json"), "w"), indent=1)
     t = time.time()
-    results = {"seed": a.seed, "grid_file": os.path.abspath(a.grid), "skipped_datasets": skipped,
+    results = {"seed": a.seed, "grid_file": os.path.abspath(a.grid), "skipped_datasets": skipped, "command": command,
                "budget_minutes": a.budget_minutes,
                "commit": subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                                         text=True).stdout.strip() or "?"}
@@ -609,6 +654,7 @@ def main(argv=None) -> int:
     results["not_run"], results["failed"] = h.not_run, h.failed
     results["seconds"] = time.time() - t
     results["machine"] = machine_text()
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     with open(os.path.join(h.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
     text = report(h, results, command)
