@@ -18,7 +18,7 @@ status=0
 start=$(date +%s)
 
 echo "== serial tests"
-timeout 1800 "$PYTHON" -m pytest -q --durations=25 --basetemp="$BASE/serial" --junitxml="$BASE/serial.xml" ${PYTEST_ARGS:-} || status=1
+timeout 2400 "$PYTHON" -m pytest -q --durations=25 --basetemp="$BASE/serial" --junitxml="$BASE/serial.xml" ${PYTEST_ARGS:-} || status=1
 
 for n in $MPI_SIZES; do
   echo "== MPI tests, mpiexec -n $n"
