@@ -50,6 +50,17 @@ REQUEST_FIELDS = ("kind", "request", "counter", "epoch", "step", "remaining", *W
                   "prev_request", "prev_applied", "prev_evicted", "prev_candidates")
 HELLO_FIELDS = ("kind", "world_rank", "num_nodes", "num_edges", "partition", "num_parts", "batch_size",
                 "total_minibatches", "halo", "capacity")
+
+
+def trainer_facts(meta, world_rank: int, partition: int, batch_size: int, total_minibatches: int, halo: int,
+                  capacity: int) -> dict:
+    """What the agent (and a classifier's features) know of a trainer, fixed for the run
+    (``HELLO_FIELDS``); the trainer and the simulator build it alike."""
+    return {"world_rank": world_rank, "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "partition": partition,
+            "num_parts": meta.num_parts, "batch_size": batch_size, "total_minibatches": total_minibatches, "halo": halo,
+            "capacity": capacity}
+
+
 # DECISION payload: request id, decision (KEEP/EVICT), predicted hit-rate and comm impact (IMPACTS index),
 # latency seconds, fallback (1 if a fallback decision was used)
 DECISION_FIELDS = ("request", "decision", "hitrate_impact", "comm_impact", "latency", "fallback")

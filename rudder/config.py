@@ -152,6 +152,12 @@ class TrainConfig:
             return self.batch_size
         return min(PAPER_BATCH_SIZE, max(16, -(-max_train_per_trainer // 4)))
 
+    def minibatch_shape(self, max_train_per_trainer: int) -> tuple[int, int]:
+        """(batch size, steps per epoch), equal on every trainer: the busiest trainer's seed
+        count sets them (a trainer and the simulator must agree on this)."""
+        batch = self.resolved_batch_size(max_train_per_trainer)
+        return batch, max(1, -(-max_train_per_trainer // batch))
+
 
 def _int_list(text: str) -> list[int]:
     try:

@@ -39,7 +39,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from rudder.agent import DecisionLink, DecisionService, make_decider
+from rudder.agent import DecisionLink, DecisionService, make_decider, trainer_facts
 from rudder.analyze import AnalysisError
 from rudder.assembly import FeatureAssembler
 from rudder.buffer import BufferSettings
@@ -211,9 +211,8 @@ class Sampled:
 
 def steps_and_batch(cfg: TrainConfig, graph: Graph) -> tuple[int, int]:
     """The run's equal steps per epoch and batch size, as ``Trainer`` computes them."""
-    most = max(int(p.train_mask.sum()) for p in graph.parts)
-    batch = cfg.resolved_batch_size(most)
-    return max(1, -(-most // batch)), batch
+    batch, steps = cfg.minibatch_shape(max(int(p.train_mask.sum()) for p in graph.parts))
+    return steps, batch
 
 
 def sample_trainer(graph: Graph, cfg: TrainConfig, part: int, machine: Machine | None, widths: list[int]) -> Sampled:
@@ -237,10 +236,7 @@ def sample_trainer(graph: Graph, cfg: TrainConfig, part: int, machine: Machine |
 def facts_of(graph: Graph, cfg: TrainConfig, part: int, capacity: int) -> dict:
     """What ``Trainer.facts`` holds for this partition's trainer."""
     steps, batch = steps_and_batch(cfg, graph)
-    meta = graph.meta
-    return {"world_rank": part, "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "partition": part,
-            "num_parts": meta.num_parts, "batch_size": batch, "total_minibatches": steps * cfg.epochs,
-            "halo": graph.parts[part].halo_nodes.size, "capacity": capacity}
+    return trainer_facts(graph.meta, part, part, batch, steps * cfg.epochs, graph.parts[part].halo_nodes.size, capacity)
 
 
 COLUMNS = ("rows_fetched", "rows_rma", "hits", "misses", "refills", "candidates", "replaced", "fetch_seconds")

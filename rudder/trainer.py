@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 
 from rudder import checkpoint
+from rudder.agent import trainer_facts
 from rudder.assembly import FeatureAssembler
 from rudder.buffer import BufferSettings
 from rudder.config import TrainConfig
@@ -118,8 +119,7 @@ class Trainer:
         # Equal steps on every trainer: the busiest trainer's seed count sets the count.
         my_train = my_share(self.train_nodes, layout).size
         most = layout.trainers.allreduce(my_train, op=MPI.MAX)
-        self.batch_size = cfg.resolved_batch_size(most)
-        self.steps_per_epoch = max(1, -(-most // self.batch_size))
+        self.batch_size, self.steps_per_epoch = cfg.minibatch_shape(most)
         # Resuming: this trainer's state at the latest checkpoint, and the first minibatch to run.
         self.resumed = checkpoint.latest(cfg.run_dir) if cfg.resume else None
         mine = checkpoint.load(os.path.join(checkpoint.folder(cfg.run_dir, self.resumed["counter"]),
@@ -149,10 +149,9 @@ class Trainer:
         if mine is not None:
             self.assembler.load_state_dict(mine["assembly"])
         # What the agent (and a classifier's features) know of this trainer, fixed for the run.
-        self.facts = {"world_rank": layout.world.rank, "num_nodes": meta.num_nodes, "num_edges": meta.num_edges,
-                      "partition": layout.trainer_rank, "num_parts": meta.num_parts, "batch_size": self.batch_size,
-                      "total_minibatches": self.steps_per_epoch * cfg.epochs, "halo": part.halo_nodes.size,
-                      "capacity": self.assembler.buffer.capacity if self.assembler.buffer is not None else 0}
+        self.facts = trainer_facts(meta, layout.world.rank, layout.trainer_rank, self.batch_size,
+                                   self.steps_per_epoch * cfg.epochs, part.halo_nodes.size,
+                                   self.assembler.buffer.capacity if self.assembler.buffer is not None else 0)
         self.last_eval: dict[str, float] = {}
         self.stop_signal = 0  # after a stop: the signal that caused it (the same on every rank)
 
