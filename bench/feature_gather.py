@@ -1,6 +1,6 @@
 """Benchmark (not a test): gather throughput of the RMA feature store, side by side in one run.
 
-    python bench/feature_gather.py [--rows 10000] [--dim 128] [--reps 30] [--nodes 200000]
+    python bench/feature_gather.py [--rows 10000] [--dim 128] [--reps 30] [--nodes 200000] [--owner-busy 0.3]
 
 Launches two 2-rank MPI jobs on this host: one as one node (the peer's rows come through
 shared memory) and one with MPIR_CVAR_NUM_CLIQUES=2 (the peer looks off-node, so its rows come
@@ -59,8 +59,31 @@ def worker(a) -> None:
     path = "shared memory" if stats.rows_shared else "RMA Get"
     comm.Barrier()
     store.close()
+    busy = {}
+    if a.owner_busy and path == "RMA Get":
+        import torch
+
+        torch.set_num_threads(1)
+        m = torch.rand(1024, 1024)
+        for gets in ("runs", "indexed"):
+            store = FeatureStore(build_layout(meta.num_parts), meta, out, gets=gets)
+            took = []
+            for _ in range(5):
+                ids = rng.integers(lo, hi, size=a.rows)
+                comm.Barrier()
+                t0 = time.perf_counter()
+                if comm.rank == 1:  # the owner computes for owner_busy seconds without entering MPI
+                    while time.perf_counter() - t0 < a.owner_busy:
+                        m = (m @ m).clamp_(0, 1)
+                elif comm.rank == 0:
+                    store.gather(ids)
+                    took.append(time.perf_counter() - t0)
+                comm.Barrier()
+            busy[gets] = float(np.median(took)) if took else 0.0
+            store.close()
     if comm.rank == 0:
-        print(json.dumps({"path": path, "local_rows_s": a.rows * a.reps / t_local, "peer_rows_s": a.rows * a.reps / t_peer}))
+        print(json.dumps({"path": path, "local_rows_s": a.rows * a.reps / t_local, "peer_rows_s": a.rows * a.reps / t_peer,
+                          "busy_owner_s": busy}))
 
 
 def main() -> None:
@@ -69,6 +92,7 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--nodes", type=int, default=200000)
+    ap.add_argument("--owner-busy", type=float, default=0.3, help="seconds the owner computes (0: skip that part)")
     add_worker_flags(ap)
     a = ap.parse_args()
     if a.worker:
@@ -77,8 +101,15 @@ def main() -> None:
     print(f"{'peer path':<15} {'local rows/s':>14} {'peer rows/s':>14} {'peer/local':>11}")
     for cliques in ("1", "2"):
         r = run_worker_job(__file__, ["--rows", str(a.rows), "--dim", str(a.dim), "--reps", str(a.reps),
-                                      "--nodes", str(a.nodes)], 2, env={"MPIR_CVAR_NUM_CLIQUES": cliques}, timeout=600)
+                                      "--nodes", str(a.nodes), "--owner-busy", str(a.owner_busy)], 2,
+                           env={"MPIR_CVAR_NUM_CLIQUES": cliques}, timeout=600)
         print(f"{r['path']:<15} {r['local_rows_s']:>14,.0f} {r['peer_rows_s']:>14,.0f} {r['peer_rows_s'] / r['local_rows_s']:>10.2f}x")
+        busy = r["busy_owner_s"]
+    if busy:
+        print(f"off-node gather while the owner computes {a.owner_busy:.2f} s without MPI (median of 5):")
+        for gets, s in busy.items():
+            print(f"  gets={gets:<8} {s * 1e3:8.1f} ms")
+        print(f"  indexed / runs: {busy['indexed'] / busy['runs']:.1f}x")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rudder.buffer import BufferSettings, ScoredBuffer, WindowBuffer
-from rudder.dist_array import ReadStats
+from rudder.dist_array import ReadStats, take_rows
 from rudder.policies import ASKERS, MinibatchView, Policy
 
 
@@ -115,20 +115,27 @@ class FeatureAssembler:
         x = np.empty((nodes.size, self.store.dim), dtype=np.float32)
         with self.lock():  # a shared buffer: the hits are copied before anyone changes a slot
             st = buf.step(nodes, decide, pending=shared)
-            x[st.hit] = buf.features[st.slots]
+            if shared:
+                take_rows(buf.features, st.slots, x, np.flatnonzero(st.hit))
         t0 = time.perf_counter()
         hit, rep = st.hit, st.replacement
-        missed = nodes[~hit]
+        miss_at = np.flatnonzero(~hit)
+        missed = nodes[miss_at]
         refill_ids = rep.inserted if rep is not None else np.zeros(0, dtype=np.int64)
-        if self.settings.compat or refill_ids.size == 0:  # the reference's merged request: refills, then misses
+        if refill_ids.size == 0:  # the common case: misses land straight in their rows of x
+            # (a buffer of this trainer's own: its hits are copied after, so the fetch may spare them)
+            _, fetch = self.store.gather(missed, out=x, at=miss_at, spare=not shared)
+        elif self.settings.compat:  # the reference's merged request: refills, then misses
             rows, fetch = self.store.gather(np.concatenate([refill_ids, missed]))
-            x[~hit] = rows[refill_ids.size:]
+            x[miss_at] = rows[refill_ids.size:]
             refill_rows = rows[:refill_ids.size]
         else:  # one request too, but a refill that is also a miss is fetched once
             request, where = np.unique(np.concatenate([refill_ids, missed]), return_inverse=True)
             rows, fetch = self.store.gather(request)
             refill_rows = rows[where[:refill_ids.size]]
-            x[~hit] = rows[where[refill_ids.size:]]
+            x[miss_at] = rows[where[refill_ids.size:]]
+        if not shared:  # before the refills change any slot
+            take_rows(buf.features, st.slots, x, np.flatnonzero(hit))
         if refill_ids.size and shared:
             with self.lock():
                 buf.complete(rep, refill_rows)
@@ -148,14 +155,14 @@ class FeatureAssembler:
         t0 = time.perf_counter()
         hit, slots = buf.lookup(nodes)
         x = np.empty((nodes.size, self.store.dim), dtype=np.float32)
-        x[hit] = buf.features[slots]
-        missed = nodes[~hit]
+        miss_at = np.flatnonzero(~hit)
+        missed = nodes[miss_at]
         misses = int(buf.admissible(missed).sum())
         t1 = time.perf_counter()
-        rows, fetch = self.store.gather(missed)
-        x[~hit] = rows
+        _, fetch = self.store.gather(missed, out=x, at=miss_at, spare=True)  # the hits are copied next
+        take_rows(buf.features, slots, x, np.flatnonzero(hit))
         t2 = time.perf_counter()
-        admitted = buf.settle(missed, rows, list(future))
+        admitted = buf.settle(missed, x, miss_at, list(future))
         t3 = time.perf_counter()
         self.counter += 1
         self.hit_total += int(hit.sum())

@@ -267,13 +267,13 @@ class WindowBuffer:
         self.last_used[slots] = self.clock
         return hit, slots
 
-    def settle(self, missed: np.ndarray, missed_rows: np.ndarray, future: list[np.ndarray]) -> int:
-        """Admit missed rows (features ``missed_rows``) by next use within ``future`` (the next
-        minibatches' input nodes, nearest first); returns how many rows entered."""
+    def settle(self, missed: np.ndarray, rows: np.ndarray, at: np.ndarray, future: list[np.ndarray]) -> int:
+        """Admit missed rows (``missed[i]``'s features are ``rows[at[i]]``) by next use within
+        ``future`` (the next minibatches' input nodes, nearest first); returns how many rows entered."""
         if not self.capacity:
             return 0
         keep = self.admissible(missed)
-        missed, missed_rows = missed[keep], missed_rows[keep]
+        missed, at = missed[keep], at[keep]
         ids = np.concatenate([self.ids, missed])
         next_use = np.full(ids.size, self.NEVER, dtype=np.int64)
         for distance, nodes in enumerate(future, start=1):
@@ -287,7 +287,7 @@ class WindowBuffer:
         entering = np.flatnonzero(chosen[self.capacity:])  # missed rows that come in
         slots = free[:entering.size]  # as many leave as enter
         self.ids[slots] = missed[entering]
-        self.features[slots] = missed_rows[entering]
+        self.features[slots] = rows[at[entering]]
         self.last_used[slots] = self.clock
         if entering.size:
             self.order = np.argsort(self.ids, kind="stable")

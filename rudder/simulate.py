@@ -149,9 +149,10 @@ class CountedStore(SimulatedReads):
     """``rudder.feature_store.FeatureStore`` with rows of width 0: what a gather would read."""
     dim = 0
 
-    def gather(self, ids: np.ndarray):
+    def gather(self, ids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None, spare: bool = False):
         ids = np.asarray(ids, dtype=np.int64)
-        return np.empty((ids.size, 0), np.float32), self.count(self.graph.meta.owner_of(ids), self.row_bytes)
+        rows = out if out is not None else np.empty((ids.size, 0), np.float32)
+        return rows, self.count(self.graph.meta.owner_of(ids), self.row_bytes)
 
 
 class MemoryLog:

@@ -108,7 +108,7 @@ class Trainer:
         self.exposer = exposer
         exposes = exposer[layout.partition_id] == layout.trainer_rank
         self.partition = part = read_partition(cfg.data, layout.partition_id, meta, structure=bool(exposes))
-        self.features = FeatureStore(layout, meta, cfg.data, exposer)
+        self.features = FeatureStore(layout, meta, cfg.data, exposer, gets=cfg.rma_gets)
         self.adjacency = Adjacency(layout, meta, part, exposer)
         self.sampler = NeighborSampler(self.adjacency, cfg.fanouts, seed=[cfg.seed, layout.trainer_rank])
 

@@ -115,7 +115,7 @@ def test_window_buffer_keeps_the_rows_needed_soonest():
     hit, _ = buf.lookup(np.array([11, 12, 13, 3]))
     assert not hit.any()
     missed = np.array([11, 12, 13, 3])
-    assert buf.settle(missed, rows(missed), [np.array([13]), np.array([12, 11])]) == 2
+    assert buf.settle(missed, rows(missed), np.arange(missed.size), [np.array([13]), np.array([12, 11])]) == 2
     assert sorted(buf.ids.tolist()) == [11, 13]  # 13 next, then 11 or 12 (tie: lower ID); 3 is local
     hit, slots = buf.lookup(np.array([13, 14]))
     assert hit.tolist() == [True, False] and buf.features[slots, 0].tolist() == [13.0]

@@ -50,7 +50,7 @@ def test_lookahead_never_beats_min_and_whole_run_window_equals_it(trace, capacit
             hit, _ = buf.lookup(ids)
             missed = ids[~hit]
             fetched += missed.size
-            buf.settle(missed, missed.astype(np.float32)[:, None], arrays[b + 1:b + 1 + w])
+            buf.settle(missed, missed.astype(np.float32)[:, None], np.arange(missed.size), arrays[b + 1:b + 1 + w])
         return fetched
 
     best = belady_min(arrays, halo, capacity)["rows"]
