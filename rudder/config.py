@@ -71,7 +71,7 @@ class TrainConfig:
     checkpoint_every: str = ""  # "N": every N minibatches, "Ns": every N seconds (and on SIGTERM); "": never
     resume: str = ""  # continue the run in this directory from its latest checkpoint
     prefetch_depth: int = 1  # minibatches prepared ahead in a background thread (0 = no overlap)
-    rma_gets: str = "runs"  # feature reads off-node: runs (one Get per run of rows) | indexed (one per owner)
+    rma_gets: str = "auto"  # feature reads off-node: runs (one Get per run of rows) | indexed (one per owner) | auto (by row size)
     log_flush_seconds: float = 2.0
     progress: str = "bar"  # bar | lines | none
     verify_data: bool = True  # check each partition file's checksum before training
@@ -133,7 +133,7 @@ class TrainConfig:
         need(self.buffer_sharing == "trainer" or POLICIES[self.policy].buffer_kind in ("scored", "none"), "buffer_sharing",
              f"trainer with --policy {self.policy} (node sharing is for the scored buffer)")
         need(self.prefetch_depth >= 0, "prefetch_depth", "0 (no overlap) or more minibatches")
-        need(self.rma_gets in ("runs", "indexed"), "rma_gets", "runs or indexed")
+        need(self.rma_gets in ("auto", "runs", "indexed"), "rma_gets", "auto, runs or indexed")
         need(self.checkpoint_every == "" or re.fullmatch(r"[1-9][0-9]*s?", self.checkpoint_every) is not None,
              "checkpoint_every", "N (minibatches) or Ns (seconds), N a positive integer")
         need(not self.checkpoint_every or self.buffer_sharing == "trainer", "checkpoint_every",
@@ -262,8 +262,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-overlap", dest="prefetch_depth", action="store_const", const=0,
                     help="prepare each minibatch after the previous step (the DistDGL baseline's order)")
     ap.add_argument("--rma-gets", help="how off-node feature rows are read: runs (one contiguous Get per run of rows, "
-                    "served without the owner; default) or indexed (one Get per owner with indexed datatypes, which "
-                    "MPICH's UCX and OFI netmods serve only when the owner enters MPI)")
+                    "served without the owner), indexed (one Get per owner with indexed datatypes, which MPICH's UCX "
+                    "and OFI netmods serve only when the owner enters MPI), or auto (default: runs for rows of 4 KiB "
+                    "or more, else indexed)")
     ap.add_argument("--log-flush-seconds", type=float, help=f"flush the logs at least this often (default {d.log_flush_seconds})")
     ap.add_argument("--progress", help="rank 0's progress display: bar, lines or none (default bar)")
     ap.add_argument("--no-verify-data", dest="verify_data", action="store_const", const=False,

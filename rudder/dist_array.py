@@ -12,19 +12,21 @@ MPICH maps on-node segments into every process), and from any other rank by RMA 
 into the output positions, then one ``Flush`` per owner. Two ways to issue the Gets:
 
 - ``runs``: one Get per run of rows consecutive in both the owner's segment and the output, of
-  a contiguous type. MPICH's netmods (UCX, OFI) serve these as true one-sided reads, whatever the
-  owner is doing: 900 rows of 18.9 KB in about 10 ms while the owner computes.
+  a contiguous type. MPICH's UCX netmod serves these as true one-sided reads, whatever the owner
+  is doing: 900 rows of 18.9 KB in about 10 ms while the owner computes. (Its OFI netmod, with
+  the providers the mpich wheel brings, waits for the owner either way.)
 - ``indexed``: one Get per owner with indexed datatypes on both sides. Fewer calls, but MPICH
   serves a non-contiguous Get between nodes by active messages, which wait until the owner enters
   MPI: the same read took 300 ms, the owner's whole compute phase (measured with
   ``MPIR_CVAR_NUM_CLIQUES=2``; ``bench/feature_gather.py`` compares both).
 
-Feature rows (kilobytes each) are read run by run straight into place. The sampler's adjacency
-entries (8 bytes each, a few thousand per minibatch) would cost a call each: there ``max_gap``
-lets one Get cover entries up to that many apart, into a staging buffer the wanted ones are then
-picked from (a row's chosen neighbours lie within its neighbour list, its two row pointers side by
-side), so a remote node costs about one Get, and a few hundred bytes read for nothing cost less
-than another call.
+By default (``auto``) rows of 4 KiB or more are read run by run straight into place, smaller
+ones by one indexed Get per owner, since a Get call costs more than copying a few KB
+(``RUNS_MIN_ROW_BYTES``). The sampler's adjacency entries (8 bytes each, a few thousand per
+minibatch) use ``runs`` with ``max_gap``: one Get covers entries up to that many apart, into a
+staging buffer the wanted ones are then picked from (a row's chosen neighbours lie within its
+neighbour list, its two row pointers side by side), so a remote node costs about one Get, and a
+few hundred bytes read for nothing cost less than another call.
 """
 from __future__ import annotations
 
@@ -35,7 +37,13 @@ import numpy as np
 import torch
 
 MPI_TYPES = {np.dtype(np.float32): "FLOAT", np.dtype(np.int64): "INT64_T"}
-GETS = ("runs", "indexed")
+GETS = ("auto", "runs", "indexed")
+# ``gets="auto"``: rows at least this big are read one Get per run (served without the owner),
+# smaller ones by one indexed Get per owner. A Get call costs about 3.5 us in mpi4py, the time to
+# copy a few KB, so for small rows the calls cost more than waiting for the owner: on RMAT-16 at
+# 2 ranks (512-byte rows, about 3,000 remote rows per minibatch) an epoch took 2.55 s by runs and
+# 1.71 s indexed; on Facebook (18.9 KB rows) runs won, 3.12 s against 3.67 s.
+RUNS_MIN_ROW_BYTES = 4096
 
 
 @dataclass
@@ -72,22 +80,24 @@ class DistributedArray:
 
     ``segment_rows[p]`` is partition p's row count; ``exposer[p]`` the rank of ``comm`` holding it;
     ``fill(array)`` writes this rank's own segment (called only on exposing ranks); ``gets``:
-    ``runs`` or ``indexed``; ``max_gap``: with ``runs``, rows up to this many apart share a Get
-    (module docstring).
+    ``runs``, ``indexed`` or ``auto`` (by row size); ``max_gap``: with ``runs``, rows up to this
+    many apart share a Get (module docstring).
     """
 
     def __init__(self, comm, segment_rows, exposer, my_part: int | None, dtype, row_shape=(), fill=None,
-                 gets: str = "runs", max_gap: int = 0):
+                 gets: str = "auto", max_gap: int = 0):
         from mpi4py import MPI
 
         if gets not in GETS:
             raise ValueError(f"gets must be one of {', '.join(GETS)}, not {gets!r}")
-        self.gets, self.max_gap = gets, max_gap
         self.comm, self.dtype, self.row_shape = comm, np.dtype(dtype), tuple(row_shape)
         self.segment_rows = np.asarray(segment_rows, dtype=np.int64)
         self.exposer = np.asarray(exposer, dtype=np.int64)
         row_items = int(np.prod(self.row_shape)) if self.row_shape else 1
         self.row_bytes = row_items * self.dtype.itemsize
+        if gets == "auto":
+            gets = "runs" if self.row_bytes >= RUNS_MIN_ROW_BYTES else "indexed"
+        self.gets, self.max_gap = gets, max_gap
         exposes = my_part is not None and self.exposer[my_part] == comm.rank
         rows = int(self.segment_rows[my_part]) if exposes else 0
         self.win = MPI.Win.Allocate(rows * self.row_bytes, disp_unit=self.dtype.itemsize, comm=comm)

@@ -51,7 +51,7 @@ class FeatureStore(NodeRows):
     """The node features of every partition (float32, ``meta.feat_dim`` wide)."""
 
     def __init__(self, layout, meta: PartitionMeta, data_dir: str, exposer: np.ndarray | None = None,
-                 gets: str = "runs"):
+                 gets: str = "auto"):
         exposer = exposer_table(layout, meta.num_parts) if exposer is None else exposer
         super().__init__(meta, DistributedArray(
             layout.trainers, [p.num_owned for p in meta.parts], exposer, layout.partition_id, np.float32,

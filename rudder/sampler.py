@@ -41,9 +41,9 @@ class Adjacency:
             return copy
 
         self.indptr = DistributedArray(comm, [p.num_owned + 1 for p in meta.parts], exposer, mine, np.int64,
-                                       fill=fill("indptr"), max_gap=ENTRY_GAP)
+                                       fill=fill("indptr"), gets="runs", max_gap=ENTRY_GAP)
         self.indices = DistributedArray(comm, [p.num_in_edges for p in meta.parts], exposer, mine, np.int64,
-                                        fill=fill("indices"), max_gap=ENTRY_GAP)
+                                        fill=fill("indices"), gets="runs", max_gap=ENTRY_GAP)
 
     def rows(self, gids: np.ndarray, stats: ReadStats):
         """(partition, start in that partition's indices, in-degree) of each global ID."""

@@ -67,7 +67,7 @@ for row_shape in [(), (3,)]:
     sizes = [p.num_in_edges for p in meta.parts]
     truth_rows = [np.arange(n * max(1, int(np.prod(row_shape))), dtype=np.int64).reshape((n, *row_shape)) + 10**6 * p
                   for p, n in enumerate(sizes)]
-    for gets, gap in [("runs", 0), ("runs", 1), ("runs", 64), ("indexed", 0)]:
+    for gets, gap in [("runs", 0), ("runs", 1), ("runs", 64), ("indexed", 0), ("auto", 0)]:
         arr = DistributedArray(layout.trainers, sizes, exposer, layout.partition_id, np.int64, row_shape,
                                fill=lambda own: own.__setitem__(slice(None), truth_rows[layout.partition_id]),
                                gets=gets, max_gap=gap)
