@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
+import hashlib
 import json
 import os
 import platform
@@ -132,9 +134,20 @@ def configurations(grid: dict, datasets: dict) -> list[Config]:
 # -- running -------------------------------------------------------------------------------------
 
 
+def code_fingerprint() -> str:
+    """A hash of the code a run executes (the library and the drivers): a finished run is reused
+    only by the same code, so a grid resumed after a change measures the change."""
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(REPO, "rudder", "**", "*.py"), recursive=True)
+                       + glob.glob(os.path.join(REPO, "drivers", "*.py"))):
+        digest.update(os.path.relpath(path, REPO).encode() + b"\0" + open(path, "rb").read())
+    return digest.hexdigest()[:16]
+
+
 class Harness:
     def __init__(self, grid: dict, out: str, seed: int, budget_minutes: float):
         self.grid, self.out, self.seed = grid, os.path.abspath(out), seed
+        self.code = code_fingerprint()
         self.deadline = time.time() + 60 * budget_minutes
         self.not_run: list[str] = []
         self.failed: list[str] = []
@@ -178,7 +191,7 @@ class Harness:
         argv = ["--epochs", str(self.grid["epochs"]), "--hidden", str(self.grid["hidden"]), "--seed", str(self.seed),
                 *flags, *self.grid["policy_flags"].get(policy, [])]
         stamp = os.path.join(run_dir, "harness.json")
-        record = {"parts": parts, "ranks": trainers + agents, "cliques": nodes, "argv": argv}
+        record = {"parts": parts, "ranks": trainers + agents, "cliques": nodes, "argv": argv, "code": self.code}
         if os.path.exists(stamp) and json.load(open(stamp)) == record:
             return run_dir
         if self.out_of_time(os.path.relpath(run_dir, self.out)):
@@ -386,13 +399,13 @@ def simulate_scale(h: Harness) -> dict | None:
         argv = ["--data", data, "--epochs", str(spec.get("epochs", 3)), "--policies", spec.get("policies", "none,static,fixed,lookahead,heuristic"),
                 "--buffer-fraction", str(spec.get("fraction", 0.25)), "--seed", str(h.seed), "--out", json_path,
                 "--machine", spec.get("machine", "perlmutter-gpu"), *map(str, spec.get("flags", []))]
-        stamp = json_path + ".argv"
-        if not (os.path.exists(stamp) and json.load(open(stamp)) == argv and os.path.exists(json_path)):
+        stamp, record = json_path + ".argv", {"argv": argv, "code": h.code}
+        if not (os.path.exists(stamp) and json.load(open(stamp)) == record and os.path.exists(json_path)):
             proc = subprocess.run([sys.executable, "-m", "rudder.simulate", *argv], capture_output=True, text=True, cwd=REPO)
             if proc.returncode:
                 h.say(f"simulator at {parts} partitions failed: {proc.stderr.strip()[-300:]}")
                 continue
-            json.dump(argv, open(stamp, "w"))
+            json.dump(record, open(stamp, "w"))
             h.say(f"simulated {parts} partitions ({time.time() - t:.0f} s)")
         out[parts] = json.load(open(json_path))
     return out

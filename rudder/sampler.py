@@ -22,11 +22,6 @@ import pandas as pd
 from rudder.dist_array import DistributedArray, ReadStats
 
 
-# Remote entries this close share one RMA Get (rudder.dist_array): 64 entries are 512 bytes,
-# cheaper to read for nothing than another call
-ENTRY_GAP = 64
-
-
 class Adjacency:
     """The partitioned in-edge CSR, readable from every trainer."""
 
@@ -41,15 +36,15 @@ class Adjacency:
             return copy
 
         self.indptr = DistributedArray(comm, [p.num_owned + 1 for p in meta.parts], exposer, mine, np.int64,
-                                       fill=fill("indptr"), gets="runs", max_gap=ENTRY_GAP)
+                                       fill=fill("indptr"))
         self.indices = DistributedArray(comm, [p.num_in_edges for p in meta.parts], exposer, mine, np.int64,
-                                        fill=fill("indices"), gets="runs", max_gap=ENTRY_GAP)
+                                        fill=fill("indices"))
 
     def rows(self, gids: np.ndarray, stats: ReadStats):
         """(partition, start in that partition's indices, in-degree) of each global ID."""
         parts = self.meta.owner_of(gids)
         local = gids - self.offsets[parts]
-        # each row's two pointers side by side, so a remote row's pair is one range
+        # each row's two pointers side by side in the request (one read each way they are issued)
         both, s = self.indptr.read(np.repeat(parts, 2), np.stack([local, local + 1], axis=1).ravel())
         stats.add(s)
         start, end = both[0::2], both[1::2]

@@ -119,6 +119,19 @@ def test_a_rerun_reuses_every_finished_run(tiny):
             assert fig["rows_per_epoch"] == results["grid"]["configs"][key]["runs"][label]["rows_per_epoch"]
 
 
+def test_a_run_made_by_other_code_is_run_again(tiny):
+    out, results, _ = tiny
+    stamps = sorted(out.glob("runs/*/none-serial/harness.json"))
+    record = json.loads(stamps[0].read_text())
+    assert record["code"] != "stale"
+    stamps[0].write_text(json.dumps({**record, "code": "stale"}))  # as if the library changed since
+    proc = evaluate("--grid", GRID, "--seed", "0", "--out", out, "--no-validate")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ran = [line for line in proc.stdout.splitlines() if "ran runs/" in line]
+    assert len(ran) == 1 and f"runs/{stamps[0].parent.parent.name}/none-serial" in ran[0], proc.stdout
+    assert json.loads(stamps[0].read_text()) == record
+
+
 @pytest.mark.parametrize("text, expected", [
     ("[grid]\nranks = [2]\n", "no [datasets] table"),
     ("[datasets]\na = 'bundled:cora'\n[grid]\nranks = [2]\nfractions = [0.25]\npolicies = ['nope']\n", "policy 'nope'"),
