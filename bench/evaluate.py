@@ -612,15 +612,20 @@ def rebuild_report(h: Harness, publish: str | None) -> int:
     results.setdefault("finished", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(path))))
     results.setdefault("command", json.load(open(os.path.join(h.out, "grid.json")))["command"])
     results["plots"] = plots(h, results["grid"]["configs"])
-    with open(path, "w") as f:
+    write_results(h, results, results.get("command", "?"), publish)
+    return 0
+
+
+def write_results(h: Harness, results: dict, command: str, publish: str | None) -> None:
+    """results.json and results.md under --out (and a copy of results.md at ``publish``); prints the report."""
+    with open(os.path.join(h.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
-    text = report(h, results, results.get("command", "?"))
+    text = report(h, results, command)
     with open(os.path.join(h.out, "results.md"), "w") as f:
         f.write(text)
     if publish:
         shutil.copyfile(os.path.join(h.out, "results.md"), publish)
     print(text)
-    return 0
 
 
 def machine_text() -> str:
@@ -668,14 +673,7 @@ def main(argv=None) -> int:
     results["seconds"] = time.time() - t
     results["machine"] = machine_text()
     results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    with open(os.path.join(h.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    text = report(h, results, command)
-    with open(os.path.join(h.out, "results.md"), "w") as f:
-        f.write(text)
-    if a.publish:
-        shutil.copyfile(os.path.join(h.out, "results.md"), a.publish)
-    print(text)
+    write_results(h, results, command, a.publish)
     h.say(f"done in {time.time() - t:.0f} s: {os.path.join(h.out, 'results.md')}")
     return 0
 

@@ -101,6 +101,7 @@ class TrainConfig:
         need(self.log_flush_seconds > 0, "log_flush_seconds", "a positive number of seconds")
         need(self.progress in ("bar", "lines", "none"), "progress", "bar, lines or none")
         from rudder.buffer import INIT_MODES, SCOPES
+        from rudder.dist_array import GETS
         from rudder.policies import POLICIES
 
         need(self.policy in POLICIES, "policy", f"one of {', '.join(POLICIES)}")
@@ -133,7 +134,7 @@ class TrainConfig:
         need(self.buffer_sharing == "trainer" or POLICIES[self.policy].buffer_kind in ("scored", "none"), "buffer_sharing",
              f"trainer with --policy {self.policy} (node sharing is for the scored buffer)")
         need(self.prefetch_depth >= 0, "prefetch_depth", "0 (no overlap) or more minibatches")
-        need(self.rma_gets in ("auto", "runs", "indexed"), "rma_gets", "auto, runs or indexed")
+        need(self.rma_gets in GETS, "rma_gets", f"one of {', '.join(GETS)}")
         need(self.checkpoint_every == "" or re.fullmatch(r"[1-9][0-9]*s?", self.checkpoint_every) is not None,
              "checkpoint_every", "N (minibatches) or Ns (seconds), N a positive integer")
         need(not self.checkpoint_every or self.buffer_sharing == "trainer", "checkpoint_every",

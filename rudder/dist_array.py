@@ -139,16 +139,19 @@ class DistributedArray:
         bounds = np.searchsorted(parts[order], np.arange(self.exposer.size + 1))
         pending, datatypes, remote_start = [], [], 0.0
         mine, filled = self.own_part, False
-        if mine is not None and (at is None or spare) and 2 * (bounds[mine + 1] - bounds[mine]) >= (n if at is None else out.shape[0]):
+        owned = int(bounds[mine + 1] - bounds[mine]) if mine is not None else 0
+        if owned and (at is None or spare) and 2 * owned >= (n if at is None else out.shape[0]):
             # most rows are this rank's own: one contiguous copy of every row (the others get
             # row 0 for now) is cheaper than a scatter of the own ones (2-3x per row); the other
             # rows are overwritten below, or by the caller
-            whole = np.where(parts == mine, index, 0)
-            if at is not None:
+            is_own = parts == mine
+            if at is None:
+                whole = np.where(is_own, index, 0)
+            else:
                 whole = np.zeros(out.shape[0], dtype=np.int64)
-                whole[at[parts == mine]] = index[parts == mine]
+                whole[at[is_own]] = index[is_own]
             take_rows(self.own, whole, out)
-            stats.rows_local += int(bounds[mine + 1] - bounds[mine])
+            stats.rows_local += owned
             filled = True
         for part in np.flatnonzero(np.diff(bounds)):
             if filled and part == mine:

@@ -44,10 +44,9 @@ class Adjacency:
         """(partition, start in that partition's indices, in-degree) of each global ID."""
         parts = self.meta.owner_of(gids)
         local = gids - self.offsets[parts]
-        # each row's two pointers side by side in the request (one read each way they are issued)
-        both, s = self.indptr.read(np.repeat(parts, 2), np.stack([local, local + 1], axis=1).ravel())
+        both, s = self.indptr.read(np.concatenate([parts, parts]), np.concatenate([local, local + 1]))
         stats.add(s)
-        start, end = both[0::2], both[1::2]
+        start, end = both[:gids.size], both[gids.size:]
         return parts, start, end - start
 
     def neighbours(self, parts: np.ndarray, positions: np.ndarray, stats: ReadStats) -> np.ndarray:
