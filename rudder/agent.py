@@ -3,7 +3,9 @@ the trainer's buffer should replace now.
 
 Protocol (point-to-point on the node communicator; the agent is the node's highest rank):
 
-* a trainer sends HELLO once (its static facts), then, whenever it has no decision outstanding
+* a trainer sends HELLO once (its static facts) and waits for READY, which the agent sends once
+  its decision maker is built and warmed up (an LLM's load and first answer take tens of seconds
+  on a shared core: without the wait a short run trained before its first decision); then, whenever it has no decision outstanding
   and a full window of fresh metrics, a REQUEST (``Isend``) and posts the ``Irecv`` for the
   answer; every minibatch it ``Test``s that receive and never waits for it. At most one
   decision is outstanding per trainer, and an answer is applied on the minibatch it is found
@@ -35,7 +37,7 @@ import numpy as np
 
 from rudder.registry import Registry
 
-TAG_TO_AGENT, TAG_TO_TRAINER, TAG_BYE = 71, 72, 73  # BYE has a tag of its own: the agent probes for it alone
+TAG_TO_AGENT, TAG_TO_TRAINER, TAG_BYE, TAG_READY = 71, 72, 73, 74  # BYE has a tag of its own: the agent probes for it alone
 HELLO, REQUEST, BYE, CHECKPOINT = 0, 1, 2, 3
 KEEP, EVICT = 0, 1
 IMPACTS = ("stagnant", "increase", "decrease")
@@ -205,6 +207,16 @@ class AgentLink(DecisionLink):
         self.sent: list = []
         hello = np.array([HELLO] + [float(facts[k]) for k in HELLO_FIELDS[1:]])
         self._send(hello)
+        self.waited_for_agent = self._wait_ready()
+
+    def _wait_ready(self) -> float:
+        """Seconds until the agent said READY. Polled with short sleeps, not ``Wait``: MPICH's
+        blocking wait spins, and on a shared core it would slow the agent's warm-up it waits for."""
+        flag = np.zeros(1)
+        start, ready = time.perf_counter(), self.comm.Irecv(flag, source=self.agent, tag=TAG_READY)
+        while not ready.Test():
+            time.sleep(0.005)
+        return time.perf_counter() - start
 
     def _send(self, payload: np.ndarray, tag: int = TAG_TO_AGENT) -> None:
         self.sent = [r for r in self.sent if not r.Test()]  # keep the buffers of sends in flight
@@ -342,8 +354,9 @@ class AgentServer(DecisionService):
                 n = status.Get_count(MPI.DOUBLE)
                 self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=status.Get_tag())
                 trainer, kind = status.Get_source(), int(buf[0])
-                if kind == HELLO:
+                if kind == HELLO:  # the decider is built (and warm): the trainer may start
                     self.hello(trainer, dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist())))
+                    sends.append(self.comm.Isend(np.ones(1), dest=trainer, tag=TAG_READY))
                 elif kind == CHECKPOINT:
                     self.checkpoint(int(buf[1]))
                 elif kind == BYE:

@@ -194,7 +194,9 @@ class Trainer:
     def connect_agent(self, window: int):
         from rudder.agent import AgentLink
 
-        return AgentLink(self.layout, self.facts, window)
+        link = AgentLink(self.layout, self.facts, window)  # returns once the agent is ready
+        self.log.flush(agent_wait_s=link.waited_for_agent)
+        return link
 
     def to_device(self, x: np.ndarray) -> torch.Tensor:
         """Input features on the model's device: on a GPU through a reused pinned host buffer,

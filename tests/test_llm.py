@@ -98,9 +98,12 @@ def test_llm_policy_end_to_end(tiny_model, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     agents = [r for r in read_logs(run) if r["role"] == "agent"]
     assert len(agents) == 2 and all(r["status"] == "completed" for r in read_logs(run))
+    trainers = [r for r in read_logs(run) if r["role"] == "trainer"]
+    assert all(r["attrs"]["agent_wait_s"] >= 0 for r in trainers)  # each trainer waited for its agent's warm-up
     for agent in agents:
         d = agent["decisions"]
         assert (d["fallback"] == 0).sum() >= 1  # answered while its trainers trained
+        assert (d["fallback"][d["request"] == 0] == 0).all()  # the model was warm before its trainers began
         # The only fallbacks: requests whose trainer finished before (or while) the model answered.
         assert all("trainer finished" in agent["fallback_reason"][i] for i in np.flatnonzero(d["fallback"]))
     with h5py.File(os.path.join(run, f"rank-{agents[0]['layout']['world_rank']:05d}.h5"), "r", locking=False) as f:
