@@ -462,12 +462,12 @@ def verdicts(configs: dict) -> list[str]:
                 o = r["runs"].get(f"{other}-{f}")
                 if o and fig["rows_per_epoch"] is not None and o["rows_per_epoch"] is not None:
                     worse = fig["rows_per_epoch"] > o["rows_per_epoch"]
-                    verdict = "does NOT beat" if worse else "beats or ties"
+                    verdict = f"{'does NOT beat' if worse else 'beats or ties'} {other}"
                     if not answered:
-                        verdict += f" {other}, but the model answered no decision within the run (it acted as static), so"
+                        verdict += "; the model answered no decision within the run, so it acted as static"
                     out.append(f"- {key}, {f}: llm fetches {fig['rows_per_epoch']:,.0f} rows/epoch vs {other} "
                                f"{o['rows_per_epoch']:,.0f} ({ratio(fig['rows_per_epoch'], o['rows_per_epoch'])}x): "
-                               f"{verdict} {other}.")
+                               f"{verdict}.")
     return out
 
 
