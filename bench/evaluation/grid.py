@@ -1,0 +1,109 @@
+"""The grid file (``bench/grids/*.toml``): loading and checking it, the datasets present here,
+the configurations it spans and the flags each policy runs with."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHARED = os.path.join(REPO, "..", "shared", "data")
+SHARED_SPECS = {"shared:facebook": ("musae", "musae:{d}/musae:facebook", "musae/facebook_edges.csv"),
+                "shared:cora": ("planetoid", "planetoid:{d}/planetoid:cora", "planetoid/ind.cora.graph"),
+                "shared:citeseer": ("planetoid", "planetoid:{d}/planetoid:citeseer", "planetoid/ind.citeseer.graph")}
+AGENT_POLICIES = ("heuristic", "classifier", "llm")
+FRACTION_FREE = ("none-serial", "none")  # no buffer: the same run at every fraction
+
+
+class GridError(Exception):
+    pass
+
+
+def load_grid(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            grid = tomllib.load(f)
+    except OSError as e:
+        raise GridError(f"--grid {path}: cannot read it ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise GridError(f"--grid {path}: not valid TOML ({e})") from None
+    for key in ("datasets", "grid"):
+        if key not in grid:
+            raise GridError(f"--grid {path}: no [{key}] table")
+    g = grid["grid"]
+    for key in ("ranks", "fractions", "policies"):
+        if not isinstance(g.get(key), list) or not g[key]:
+            raise GridError(f"--grid {path}: [grid] {key} must be a non-empty list")
+    known = {"none-serial", "none", "static", "fixed", "lookahead", *AGENT_POLICIES}
+    bad = [p for p in g["policies"] if p not in known]
+    if bad:
+        raise GridError(f"--grid {path}: policy {bad[0]!r} is not one of {', '.join(sorted(known))}")
+    g.setdefault("batch_sizes", [0])
+    g.setdefault("fanouts", ["10,25"])
+    grid.setdefault("epochs", 5)
+    grid.setdefault("hidden", 16)
+    grid.setdefault("policy_flags", {})
+    grid.setdefault("policy_ranks", {})
+    for name, entry in grid["datasets"].items():  # "spec", or {spec = "...", ranks = [...], batch_sizes = [...], fanouts = [...]}
+        entry = {"spec": entry} if isinstance(entry, str) else dict(entry)
+        if not isinstance(entry.get("spec"), str):
+            raise GridError(f"--grid {path}: dataset {name!r} needs a spec string")
+        extra = set(entry) - {"spec", "ranks", "batch_sizes", "fanouts"}
+        if extra:
+            raise GridError(f"--grid {path}: dataset {name!r}: unknown key {sorted(extra)[0]!r} "
+                            "(spec, ranks, batch_sizes, fanouts)")
+        grid["datasets"][name] = entry
+    return grid
+
+
+def resolve_datasets(grid: dict) -> tuple[dict, list[str]]:
+    """{name: partition-tool spec} of the datasets present here, and why others were skipped."""
+    found, skipped = {}, []
+    for name, entry in grid["datasets"].items():
+        spec = entry["spec"]
+        if spec in SHARED_SPECS:
+            _, template, probe = SHARED_SPECS[spec]
+            if not os.path.exists(os.path.join(SHARED, probe)):
+                skipped.append(f"{name}: {os.path.abspath(os.path.join(SHARED, probe))} absent")
+                continue
+            spec = template.format(d=os.path.abspath(SHARED))
+        elif spec == "bundled:cora":
+            spec = f"planetoid:{os.path.join(REPO, 'data', 'cora')}:cora"
+        found[name] = spec
+    return found, skipped
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    dataset: str
+    ranks: int
+    batch_size: int
+    fanouts: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.dataset}-p{self.ranks}-b{self.batch_size or 'auto'}-f{self.fanouts.replace(',', '_')}"
+
+
+def configurations(grid: dict, datasets: dict) -> list[Config]:
+    """The cartesian grid, each dataset's own ranks, batch sizes or fanouts replacing the grid's."""
+    out = []
+    for d in datasets:
+        axis = {k: grid["datasets"][d].get(k, grid["grid"][k]) for k in ("ranks", "batch_sizes", "fanouts")}
+        out += [Config(d, int(r), int(b), str(f)) for r in axis["ranks"] for b in axis["batch_sizes"] for f in axis["fanouts"]]
+    return out
+
+
+def policy_flags(policy: str, fraction: float | None, classifier_model: str | None) -> list[str]:
+    if policy == "none-serial":
+        return ["--policy", "none", "--no-overlap"]
+    flags = ["--policy", policy]
+    if fraction is not None:
+        flags += ["--buffer-fraction", str(fraction)]
+    if policy == "fixed":
+        flags += ["--collect-traces"]
+    if policy == "lookahead":
+        flags += ["--trace"]  # for the MIN bound in the analysis
+    if policy == "classifier":
+        flags += ["--classifier-model", classifier_model]
+    return flags

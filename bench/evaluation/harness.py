@@ -1,0 +1,308 @@
+"""Running the grid: every policy's training job on every configuration (reused when it already
+finished with the same flags and code), the figures the report shows of each run, the classifiers
+trained in between, the DistDGL peer, the simulator checked against every run and pushed to
+partition counts beyond this machine."""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from bench.evaluation.grid import AGENT_POLICIES, FRACTION_FREE, REPO, configurations, policy_flags
+
+
+def code_fingerprint() -> str:
+    """A hash of the code a run executes (the library and the drivers): a finished run is reused
+    only by the same code, so a grid resumed after a change measures the change."""
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(REPO, "rudder", "**", "*.py"), recursive=True)
+                       + glob.glob(os.path.join(REPO, "drivers", "*.py"))):
+        digest.update(os.path.relpath(path, REPO).encode() + b"\0" + open(path, "rb").read())
+    return digest.hexdigest()[:16]
+
+
+class Harness:
+    def __init__(self, grid: dict, out: str, seed: int, budget_minutes: float):
+        self.grid, self.out, self.seed = grid, os.path.abspath(out), seed
+        self.code = code_fingerprint()
+        self.deadline = time.time() + 60 * budget_minutes
+        self.not_run: list[str] = []
+        self.failed: list[str] = []
+        self.log = open(os.path.join(self.out, "harness.log"), "a")
+
+    def say(self, text: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {text}"
+        print(line, flush=True)
+        self.log.write(line + "\n")
+        self.log.flush()
+
+    def out_of_time(self, what: str) -> bool:
+        if time.time() < self.deadline:
+            return False
+        self.not_run.append(what)
+        return True
+
+    def partition(self, name: str, spec: str, parts: int) -> str:
+        from partitioning.partition import partition_graph
+        from partitioning.sources import load_spec
+        from rudder.partition_store import PartitionFormatError, PartitionMeta
+
+        out = os.path.join(self.out, "parts", f"{name}-{parts}")
+        try:
+            meta = PartitionMeta.load(out)
+            if meta.num_parts == parts and meta.source == spec and meta.seed == self.seed:
+                return out
+        except PartitionFormatError:
+            pass
+        t = time.time()
+        partition_graph(load_spec(spec), parts, out, method="metis", seed=self.seed, force=True)
+        self.say(f"partitioned {name} into {parts} ({time.time() - t:.0f} s)")
+        return out
+
+    def train(self, parts: str, run_dir: str, trainers: int, policy: str, flags: list[str]) -> str | None:
+        """One drivers/train.py job (reused when it already finished with the same flags)."""
+        from bench.mpi_job import train_job
+
+        nodes = trainers  # every trainer an emulated node of its own
+        agents = nodes if policy in AGENT_POLICIES else 0
+        argv = ["--epochs", str(self.grid["epochs"]), "--hidden", str(self.grid["hidden"]), "--seed", str(self.seed),
+                *flags, *self.grid["policy_flags"].get(policy, [])]
+        stamp = os.path.join(run_dir, "harness.json")
+        record = {"parts": parts, "ranks": trainers + agents, "cliques": nodes, "argv": argv, "code": self.code}
+        if os.path.exists(stamp) and json.load(open(stamp)) == record:
+            return run_dir
+        if self.out_of_time(os.path.relpath(run_dir, self.out)):
+            return None
+        t = time.time()
+        try:
+            train_job(parts, run_dir, trainers + agents, nodes, argv)
+        except SystemExit as e:  # train_job's way of failing: keep going, and say so in the results
+            self.failed.append(f"{os.path.relpath(run_dir, self.out)}: {str(e).strip().splitlines()[-1][:200]}")
+            self.say(f"FAILED {self.failed[-1]}")
+            return None
+        json.dump(record, open(stamp, "w"))
+        self.say(f"ran {os.path.relpath(run_dir, self.out)} ({time.time() - t:.0f} s)")
+        return run_dir
+
+
+def figures(run_dir: str, data_dir: str) -> dict:
+    """What the results tables show of one run: remote rows fetched per epoch (summed over
+    trainers) and the slowest trainer's epoch time, over epochs 2..E as for the DistDGL peer
+    (the first epoch warms up), and the analysis tool's hit %, accuracy and decision figures."""
+    from rudder.analyze import decision_quality, fallback_counts, load_run, remote_rows_fetched, summarize
+
+    run = load_run(run_dir)
+    s = summarize(run, data_dir)
+    epochs = sorted(set.intersection(*(set(r.epochs["epoch"][r.epochs["complete"] == 1].tolist()) for r in run.ranks)))
+    later = epochs[1:] or epochs
+    rows = sum(int(remote_rows_fetched(r.minibatches)[np.isin(r.minibatches["epoch"], later)].sum()) for r in run.ranks)
+    seconds = [max(float(r.epochs["seconds"][r.epochs["epoch"] == e][0]) for r in run.ranks) for e in later]
+    row = {"run": os.path.abspath(run_dir), "rows_per_epoch": rows / len(later) if later else None,
+           "epoch_seconds": float(np.median(seconds)) if seconds else None, "hit_percent": s["buffer"]["hit_percent"],
+           "test_acc": s["accuracy"]["test"], "over_min": (s.get("bound") or {}).get("achieved_over_min")}
+    if run.agents:
+        q = decision_quality(run)
+        reasons = fallback_counts(run)
+        invalid = sum(reasons.values()) - cut_off_because_trainer_finished(run)  # not the model's fault
+        row["decisions"] = {"count": q["count"], "answered": q["count"] - sum(reasons.values()), "evict": q["evict"],
+                            "latency_mean": q["latency_mean"], "pass_at_1_hitrate": q["pass_at_1_hitrate"]["value"],
+                            "pass_at_1_comm": q["pass_at_1_comm"]["value"],
+                            "invalid_rate": invalid / q["count"] if q["count"] else None, "fallbacks": reasons}
+    return row
+
+
+def cut_off_because_trainer_finished(run) -> int:
+    """How many of the run's agent fallbacks were decisions cut off because their trainer had
+    finished (not the model's fault). Read from the reasons' wording ("trainer finished"), the one
+    place that classifies a fallback by its text."""
+    return len([text for a in run.agents for text in (a.fallback_reasons or []) if "trainer finished" in text])
+
+
+def run_grid(h: Harness, datasets: dict) -> dict:
+    """Every policy on every configuration; the classifiers in between (trained on the seen
+    datasets' fixed runs before any classifier run)."""
+    g = h.grid["grid"]
+    policies = g["policies"]
+    results: dict = {}
+    parts_of = {}
+    for cfg in configurations(h.grid, datasets):
+        parts_of[cfg] = h.partition(cfg.dataset, datasets[cfg.dataset], cfg.ranks)
+    base = lambda cfg: [*(["--batch-size", str(cfg.batch_size)] if cfg.batch_size else []), "--fanouts", cfg.fanouts]  # noqa: E731
+
+    def run(cfg, policy, fraction, model=None):
+        if cfg.ranks not in h.grid["policy_ranks"].get(policy, [cfg.ranks]):
+            return
+        label = policy if fraction is None else f"{policy}-f{fraction}"
+        run_dir = os.path.join(h.out, "runs", cfg.key, label)
+        done = h.train(parts_of[cfg], run_dir, cfg.ranks, policy, [*base(cfg), *policy_flags(policy, fraction, model)])
+        if done:
+            results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts_of[cfg], "runs": {}})
+            results[cfg.key]["runs"][label] = figures(done, parts_of[cfg])
+
+    for cfg in configurations(h.grid, datasets):  # every policy but the classifier first
+        for policy in (p for p in policies if p in FRACTION_FREE):
+            run(cfg, policy, None)
+        for fraction in g["fractions"]:
+            for policy in (p for p in policies if p not in FRACTION_FREE and p != "classifier"):
+                run(cfg, policy, fraction)
+    classifiers = None
+    if "classifier" in policies:
+        classifiers = train_classifiers(h, results)
+        if classifiers.get("model"):
+            for cfg in configurations(h.grid, datasets):
+                for fraction in g["fractions"]:
+                    run(cfg, "classifier", fraction, classifiers["model"])
+    return {"configs": results, "classifiers": classifiers}
+
+
+def train_classifiers(h: Harness, results: dict) -> dict:
+    """Train on the seen datasets' collection (fixed) runs; score on held-out seen rows and on
+    every unseen dataset's rows."""
+    from rudder import classifier
+
+    seen_names = set(h.grid.get("classifier", {}).get("seen", []))
+    kind = h.grid.get("classifier", {}).get("model", "xgb")
+    seen, unseen = [], []
+    for r in results.values():
+        for label, fig in r["runs"].items():
+            if label.startswith("fixed-"):
+                (seen if r["config"]["dataset"] in seen_names else unseen).append(fig["run"])
+    out = os.path.join(h.out, "classifiers")
+    if not seen:
+        h.say("classifiers: no fixed run of a seen dataset; classifier runs skipped")
+        return {"error": "no collection runs of the seen datasets"}
+    try:
+        report = classifier.train(seen, out, list(classifier.MODELS), seed=h.seed)
+    except classifier.ClassifierError as e:
+        h.say(f"classifiers not trained: {e}")
+        return {"error": str(e)}
+    result = {"seen_datasets": sorted(seen_names), "model": os.path.join(out, classifier.MODELS[kind]), "kind": kind,
+              "seen": {k: v["test_accuracy"] for k, v in report["models"].items()}, "seen_rows": report["rows"],
+              "unseen": None, "unseen_rows": 0}
+    if unseen:
+        ev = classifier.evaluate(out, unseen)
+        result["unseen"] = {k: v["accuracy"] for k, v in ev["models"].items()}
+        result["unseen_rows"] = ev["rows"]
+    h.say(f"classifiers trained on {report['rows']} rows of {', '.join(sorted(seen_names))}; runtime model {kind}")
+    return result
+
+
+def run_distdgl(h: Harness, datasets: dict, grid_results: dict) -> dict:
+    """DistDGL on the same partitions and hyperparameters as our runs of the chosen configs."""
+    from bench import distdgl_peer
+
+    spec = h.grid.get("distdgl")
+    if not spec:
+        return {"skipped": "no [distdgl] table in the grid"}
+    why = distdgl_peer.unavailable()
+    if why:
+        h.say(f"DistDGL peer skipped: {why}")
+        return {"skipped": why}
+    out = {}
+    for key, r in grid_results["configs"].items():
+        c = r["config"]
+        if c["dataset"] not in spec.get("datasets", []) or c["ranks"] not in spec.get("ranks", [c["ranks"]]):
+            continue
+        none = r["runs"].get("none")
+        if none is None:
+            continue
+        from rudder.analyze import load_run
+
+        ours = load_run(none["run"])
+        batch = ours.ranks[0].run["batch_size"]
+        if h.out_of_time(f"distdgl/{key}"):
+            continue
+        t = time.time()
+        run_dir = os.path.join(h.out, "distdgl", key, "run")
+        flags = {"epochs": h.grid["epochs"], "batch_size": batch, "fanouts": c["fanouts"], "hidden": h.grid["hidden"],
+                 "lr": ours.config["lr"], "dropout": ours.config["dropout"], "seed": h.seed, "parts": r["parts"]}
+        stamp = os.path.join(run_dir, "harness.json")
+        if os.path.exists(stamp) and json.load(open(stamp)) == flags:
+            s = json.load(open(os.path.join(run_dir, "summary.json")))
+        else:
+            try:
+                config = distdgl_peer.prepare(r["parts"], os.path.join(h.out, "distdgl", key, "parts"))
+                s = distdgl_peer.run(config, c["ranks"], run_dir, **{k: v for k, v in flags.items() if k != "parts"})
+            except RuntimeError as e:
+                h.say(f"DistDGL {key}: {e}")
+                out[key] = {"error": str(e)}
+                continue
+            json.dump(flags, open(stamp, "w"))
+            h.say(f"ran DistDGL {key} ({time.time() - t:.0f} s)")
+        out[key] = {"epoch_seconds": s["mean_epoch_s_excl_first"], "rows_per_epoch": s["remote_rows_per_epoch"],
+                    "test_acc": s["test_acc"], "batch_size": batch, "run": run_dir}
+    return out
+
+
+def validate_simulator(h: Harness, grid_results: dict) -> dict:
+    """``python -m rudder.simulate --validate`` on every run: rows must match exactly."""
+    from rudder.simulate import validate
+
+    checked, mismatched = 0, []
+    for r in grid_results["configs"].values():
+        for fig in r["runs"].values():
+            n, bad = validate(fig["run"])
+            checked += n
+            if bad:
+                mismatched.append(f"{os.path.relpath(fig['run'], h.out)}: {bad[0]}")
+    h.say(f"simulator: {checked} minibatches of {sum(len(r['runs']) for r in grid_results['configs'].values())} runs "
+          f"compared, {len(mismatched)} runs differ")
+    return {"minibatches": checked, "runs": sum(len(r["runs"]) for r in grid_results["configs"].values()),
+            "mismatches": mismatched}
+
+
+def simulate_scale(h: Harness) -> dict | None:
+    """The simulator on partition counts beyond this machine ([simulator.scale] of the grid)."""
+    spec = h.grid.get("simulator", {}).get("scale")
+    if not spec:
+        return None
+    out = {}
+    for parts in spec["parts"]:
+        if h.out_of_time(f"simulator/{parts}"):
+            continue
+        data = h.partition(spec.get("name", "scale"), spec["spec"], parts)
+        json_path = os.path.join(h.out, "simulator", f"{spec.get('name', 'scale')}-{parts}.json")
+        os.makedirs(os.path.dirname(json_path), exist_ok=True)
+        t = time.time()
+        argv = ["--data", data, "--epochs", str(spec.get("epochs", 3)),
+                "--policies", spec.get("policies", "none,static,fixed,lookahead,heuristic"),
+                "--buffer-fraction", str(spec.get("fraction", 0.25)), "--seed", str(h.seed), "--out", json_path,
+                "--machine", spec.get("machine", "perlmutter-gpu"), *map(str, spec.get("flags", []))]
+        stamp, record = json_path + ".argv", {"argv": argv, "code": h.code}
+        if not (os.path.exists(stamp) and json.load(open(stamp)) == record and os.path.exists(json_path)):
+            proc = subprocess.run([sys.executable, "-m", "rudder.simulate", *argv], capture_output=True, text=True, cwd=REPO)
+            if proc.returncode:
+                h.say(f"simulator at {parts} partitions failed: {proc.stderr.strip()[-300:]}")
+                continue
+            json.dump(record, open(stamp, "w"))
+            h.say(f"simulated {parts} partitions ({time.time() - t:.0f} s)")
+        out[parts] = json.load(open(json_path))
+    return out
+
+
+def run_all(h: Harness, datasets: dict, validate: bool) -> dict:
+    """The grid, the DistDGL peer, the simulator's check of every run (unless not ``validate``)
+    and its scale runs, in that order: results.json's grid, distdgl, simulator and scale."""
+    grid = run_grid(h, datasets)
+    distdgl = run_distdgl(h, datasets, grid)
+    simulator = validate_simulator(h, grid) if validate else {"minibatches": 0, "runs": 0, "mismatches": [], "skipped": True}
+    return {"grid": grid, "distdgl": distdgl, "simulator": simulator, "scale": simulate_scale(h)}
+
+
+def commit_text() -> str:
+    """The short hash of the repository's HEAD, or "?"."""
+    git = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return git.stdout.strip() or "?"
+
+
+def machine_text() -> str:
+    load = os.getloadavg()[0]
+    return f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, load {load:.2f} at end)"
