@@ -21,9 +21,14 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tests"))
 from bench.mpi_job import FACEBOOK, cached_partition, train_job  # noqa: E402
-from rudder.analyze import load_run, summarize  # noqa: E402
+from rudder.agent.deciders.llm import LLM  # noqa: E402
+from rudder.agent.deciders.llm_backends import default_model  # noqa: E402
+from rudder.agent.samples import random_context  # noqa: E402
+from rudder.agent.tiny_gguf import write_tiny_gguf  # noqa: E402
+from rudder.analysis.summary import summarize  # noqa: E402
+from rudder.logs.reader import load_run  # noqa: E402
+from rudder.train.config import TrainConfig  # noqa: E402
 
 
 def pair(parts: str, out: str, n: int, policy: str, flags: list[str]) -> dict:
@@ -42,11 +47,8 @@ def pair(parts: str, out: str, n: int, policy: str, flags: list[str]) -> dict:
 
 def latency(model: str, threads: int, decisions: int) -> tuple[float, float]:
     """Mean decision seconds after the first (warm) one, and the share of fallbacks."""
-    from rudder.config import TrainConfig
-    from rudder.llm import LLM
-    from test_llm import random_context
-
-    llm = LLM(TrainConfig(data="-", run_dir="-", policy="llm", llm_model=model, llm_threads=threads).check())
+    llm = LLM(TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "llm", "llm_model": model,
+                                     "llm_threads": threads}).check())
     rng, times, fallbacks = np.random.default_rng(0), [], 0
     try:
         for i in range(decisions):
@@ -81,9 +83,6 @@ def main() -> int:
         r = pair(parts, a.out, a.parts, policy, flags)
         print(f"{policy:10} {r['epoch']:8.3f} {r['replay']:8.3f} {r['epoch'] / r['replay']:6.3f} {r['decisions']:9d} "
               f"{r['latency'] or 0:9.3f} {r['rows']:10.0f}", flush=True)
-
-    from rudder.llm import default_model
-    from tiny_gguf import write_tiny_gguf
 
     tiny = write_tiny_gguf(os.path.join(a.out, "tiny.gguf"))
     print(f"\ndecision latency, in-process llama.cpp, idle machine, prompt v2, {a.decisions} decisions (first one warm)")

@@ -43,8 +43,8 @@ def unavailable() -> str | None:
 def prepare(parts: str, out: str) -> str:
     """DGL partitions of ``parts`` (ours, exactly) under ``out``; returns the partition config
     JSON (reused when already made from the same partition directory)."""
-    from rudder.dgl_bridge import load_dgl
-    from rudder.partition_store import PartitionMeta, global_csr, read_features, read_partition
+    from rudder.data.dgl_bridge import load_dgl
+    from rudder.data.partition_store import PartitionMeta, global_csr, read_features, read_partition
 
     meta = PartitionMeta.load(parts)
     name = "g"
@@ -133,7 +133,7 @@ def main() -> int:
     if why:
         print(f"DistDGL peer skipped: {why}")
         return 0
-    from rudder.partition_store import PartitionMeta
+    from rudder.data.partition_store import PartitionMeta
 
     config = prepare(a.parts, os.path.join(a.out, "parts"))
     s = run(config, PartitionMeta.load(a.parts).num_parts, os.path.join(a.out, "run"), epochs=a.epochs,

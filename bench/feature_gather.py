@@ -28,9 +28,9 @@ def worker(a) -> None:
     sys.path.insert(0, REPO)
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
-    from rudder.feature_store import FeatureStore
-    from rudder.layout import build_layout
-    from rudder.partition_store import PartitionMeta
+    from rudder.comm.layout import build_layout
+    from rudder.data.feature_store import FeatureStore
+    from rudder.data.partition_store import PartitionMeta
 
     comm = MPI.COMM_WORLD
     out = os.path.join(a.workdir, "parts")
@@ -103,7 +103,8 @@ def main() -> None:
         r = run_worker_job(__file__, ["--rows", str(a.rows), "--dim", str(a.dim), "--reps", str(a.reps),
                                       "--nodes", str(a.nodes), "--owner-busy", str(a.owner_busy)], 2,
                            env={"MPIR_CVAR_NUM_CLIQUES": cliques}, timeout=600)
-        print(f"{r['path']:<15} {r['local_rows_s']:>14,.0f} {r['peer_rows_s']:>14,.0f} {r['peer_rows_s'] / r['local_rows_s']:>10.2f}x")
+        ratio = r["peer_rows_s"] / r["local_rows_s"]
+        print(f"{r['path']:<15} {r['local_rows_s']:>14,.0f} {r['peer_rows_s']:>14,.0f} {ratio:>10.2f}x")
         busy = r["busy_owner_s"]
     if busy:
         print(f"off-node gather while the owner computes {a.owner_busy:.2f} s without MPI (median of 5):")

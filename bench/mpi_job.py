@@ -36,7 +36,7 @@ def cached_partition(spec: str, parts: int, out: str) -> str:
     """``spec`` partitioned into ``parts`` with METIS at ``out``, reused when already there."""
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
-    from rudder.partition_store import PartitionFormatError, PartitionMeta
+    from rudder.data.partition_store import PartitionFormatError, PartitionMeta
 
     try:
         if PartitionMeta.load(out).num_parts == parts:

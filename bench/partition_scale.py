@@ -56,7 +56,8 @@ def main() -> None:
     for scale in map(int, a.scales.split(",")):
         r = run_one(scale, a.parts, a.feat_dim, a.method, workdir)
         print(f"{r['scale']:>5} {r['nodes']:>10} {r['edges']:>12} {r['wall_s']:>8.1f} {r['load_s']:>7.1f} {r['assign_s']:>7.1f} "
-              f"{r['relabel_s']:>7.1f} {r['write_s']:>7.1f} {r['peak_gib']:>9.2f} {r['bytes_per_edge']:>7.1f} {r['disk_gib']:>8.2f}",
+              f"{r['relabel_s']:>7.1f} {r['write_s']:>7.1f} {r['peak_gib']:>9.2f} {r['bytes_per_edge']:>7.1f} "
+              f"{r['disk_gib']:>8.2f}",
               flush=True)
     if not a.workdir:
         shutil.rmtree(workdir, ignore_errors=True)

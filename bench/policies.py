@@ -4,7 +4,7 @@ Page-Page (when ../shared/data has it) and an RMAT graph, each rank its own emul
 (MPIR_CVAR_NUM_CLIQUES = ranks) so every remote row crosses RMA.
 
 Also the analysis-free check: the lookahead run's traced remote inputs are replayed offline
-under Belady MIN with the same capacity and admissible set (rudder.replay); lookahead's rows
+under Belady MIN with the same capacity and admissible set (rudder.analysis.bound); lookahead's rows
 should be within 2% of MIN. Pipelining: the share of the no-overlap run's feature-assembly
 time that overlap hides = (epoch no-overlap - epoch overlap) / assembly time no-overlap.
 
@@ -26,6 +26,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from bench.mpi_job import bench_datasets, cached_partition, train_job  # noqa: E402
+from rudder.logs import metrics  # noqa: E402
 
 
 def train(parts: str, run: str, ranks: int, a, flags: list[str]) -> list[h5py.File]:
@@ -41,13 +42,13 @@ def figures(logs) -> dict:
     return {"rows": sum(int(t["rows_rma"].sum()) for t in later) / epochs,
             "epoch_s": float(np.median(ep["seconds"].max(axis=0))),
             "assembly_s": float(np.median(ep["t_fetch"].mean(axis=0))),
-            "hit_pct": 100.0 * sum(int(t["hits"].sum()) for t in mb) / max(1, sum(int((t["hits"] + t["misses"]).sum()) for t in mb))}
+            "hit_pct": metrics.hit_percent(sum(int(t["hits"].sum()) for t in mb), sum(int(t["misses"].sum()) for t in mb))}
 
 
 def min_rows(logs, parts: str, fraction: float, epochs: int) -> float:
     """Belady MIN over each trainer's traced remote inputs, epochs 2..E (the buffer warm from epoch 1)."""
-    from rudder.partition_store import PartitionMeta, read_partition
-    from rudder.replay import belady_min
+    from rudder.analysis.bound import belady_min
+    from rudder.data.partition_store import PartitionMeta, read_partition
 
     meta = PartitionMeta.load(parts)
     total = 0
@@ -79,7 +80,8 @@ def main() -> int:
         base = {label: figures(train(parts, os.path.join(a.work, f"run-{name}-{label}"), a.ranks, a, flags))
                 for label, flags in (("none-serial", ["--no-overlap"]), ("none", []))}
         hidden = (base["none-serial"]["epoch_s"] - base["none"]["epoch_s"]) / base["none-serial"]["assembly_s"]
-        print(f"\n{name}: none (no overlap) {base['none-serial']['rows']:,.0f} rows, {base['none-serial']['epoch_s']:.3f} s/epoch; "
+        serial = base["none-serial"]
+        print(f"\n{name}: none (no overlap) {serial['rows']:,.0f} rows, {serial['epoch_s']:.3f} s/epoch; "
               f"none (overlap) {base['none']['epoch_s']:.3f} s/epoch: overlap hides {100 * hidden:.0f}% of the "
               f"{base['none-serial']['assembly_s']:.3f} s assembly time  ({time.time() - t:.0f} s)")
         print(f"{'f':>5} {'policy':<10} {'rows/epoch':>11} {'x none':>7} {'epoch s':>8} {'x none':>7} {'hits %':>7} {'x MIN':>7}")

@@ -28,10 +28,11 @@ def worker(a) -> None:
     sys.path.insert(0, REPO)
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
-    from rudder.dgl_bridge import load_dgl
-    from rudder.layout import build_layout, exposer_table
-    from rudder.partition_store import PartitionMeta, global_csr, read_partition
-    from rudder.sampler import Adjacency, NeighborSampler
+    from rudder.comm.layout import build_layout, exposer_table
+    from rudder.data.adjacency import Adjacency
+    from rudder.data.dgl_bridge import load_dgl
+    from rudder.data.partition_store import PartitionMeta, global_csr, read_partition
+    from rudder.sampling.neighbors import NeighborSampler
 
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)

@@ -21,10 +21,11 @@ sys.path.insert(0, REPO)
 from partitioning.cli import main as partition_main  # noqa: E402
 from partitioning.graph import InputError  # noqa: E402
 from partitioning.verify import verify  # noqa: E402
-from rudder.analyze import decision_lines, decision_quality, fallback_counts, load_run  # noqa: E402
-from rudder.partition_store import PartitionFormatError, PartitionMeta  # noqa: E402
-from rudder.policies import POLICIES  # noqa: E402
-from rudder.runtime import find_mpiexec  # noqa: E402
+from rudder.analysis.decisions import decision_lines, decision_quality, fallback_counts  # noqa: E402
+from rudder.comm.runtime import find_mpiexec  # noqa: E402
+from rudder.data.partition_store import PartitionFormatError, PartitionMeta  # noqa: E402
+from rudder.logs.reader import load_run  # noqa: E402
+from rudder.prefetch.policies import POLICIES  # noqa: E402
 
 DEFAULT_INPUT = f"planetoid:{os.path.join(REPO, 'data', 'cora')}:cora"
 

@@ -39,6 +39,11 @@ if [ -n "${RUDDER_MODULES:-}" ]; then module load $RUDDER_MODULES; fi
 venv=${RUDDER_VENV:-$repo/.venv}
 if [ -f "$venv/bin/activate" ]; then . "$venv/bin/activate"; fi
 
+# Each trainer's pipeline thread issues RMA Gets and agent messages while its main thread is in
+# the gradient Allreduce: MPI_THREAD_MULTIPLE, which Cray MPICH grants only when asked (train.py
+# checks it was granted and says so in one line otherwise).
+export MPICH_MAX_THREAD_SAFETY=${MPICH_MAX_THREAD_SAFETY:-multiple}
+
 policy=${RUDDER_POLICY:-llm}
 trainers=${RUDDER_TRAINERS_PER_NODE:-4}
 nodes=${SLURM_JOB_NUM_NODES:-1}

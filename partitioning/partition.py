@@ -6,13 +6,21 @@ import os
 import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 
 from partitioning.graph import GraphData, InputError, canonical_edges
-from rudder.partition_store import (METADATA_FILE, PartInfo, PartitionFormatError, PartitionMeta,
-                                    edge_multiset_hash, part_file_name, sha256_file, write_partition_file)
+from rudder.data.partition_store import (
+    METADATA_FILE,
+    PartInfo,
+    PartitionFormatError,
+    PartitionMeta,
+    edge_multiset_hash,
+    part_file_name,
+    sha256_file,
+    write_partition_file,
+)
 
 
 # ----------------------------------------------------------------------------- assignment
@@ -134,7 +142,7 @@ def partition_graph(graph: GraphData, num_parts: int, out: str, method: str = "m
         meta = PartitionMeta(source=source or graph.info.get("source", ""), dataset=graph.name, num_nodes=n,
                              num_edges=graph.num_edges, feat_dim=graph.feat_dim, num_classes=graph.num_classes,
                              method=method, seed=seed, offsets=[int(x) for x in offsets],
-                             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             created=datetime.now(UTC).isoformat(timespec="seconds"),
                              edge_hash=f"{total_hash:016x}", preprocessing=dict(graph.info), parts=infos,
                              partitioner=partitioner_info(method))
         meta.write(tmp)

@@ -10,14 +10,15 @@ import numpy as np
 
 from partitioning.graph import InputError, first_nonfinite_row
 from partitioning.partition import load_meta_or_error
-from rudder.partition_store import PartitionFormatError, edge_multiset_hash, read_features, read_partition, sha256_file
+from rudder.data.partition_store import PartitionFormatError, edge_multiset_hash, read_features, read_partition, sha256_file
 
 
 def verify(directory: str) -> dict:
     meta = load_meta_or_error(directory)
     n, offsets = meta.num_nodes, np.asarray(meta.offsets, dtype=np.int64)
     if offsets[0] != 0 or offsets[-1] != n or (np.diff(offsets) <= 0).any():
-        raise InputError(os.path.join(directory, "metadata.json"), f"offsets {meta.offsets} do not split [0, {n}) into non-empty ranges")
+        raise InputError(os.path.join(directory, "metadata.json"),
+                         f"offsets {meta.offsets} do not split [0, {n}) into non-empty ranges")
 
     def fail(p, what):
         raise InputError(os.path.join(directory, meta.parts[p].file), what)

@@ -1,3 +1,4 @@
-"""Rudder: MPI-native distributed GNN training with LLM-steered prefetching of remote features."""
+"""Rudder's layers, bottom up (docs/architecture.md): comm, logs, data, sampling, agent, prefetch,
+train, then the offline tools sim and analysis. A layer imports only the layers below it."""
 
 __version__ = "0.1.0"

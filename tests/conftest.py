@@ -42,7 +42,7 @@ def shared_dataset(kind: str, name: str) -> str:
 
 def mpiexec() -> str:
     """The venv's mpiexec (mpich extra), else the system one; skips the test when there is none."""
-    from rudder.runtime import find_mpiexec
+    from rudder.comm.runtime import find_mpiexec
 
     path = find_mpiexec()
     if not path:

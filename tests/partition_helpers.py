@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rudder.partition_store import PartitionMeta, read_features, read_partition
+from rudder.data.partition_store import PartitionMeta, read_features, read_partition
 
 
 def reassemble(directory: str) -> dict:

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rudder.dgl_bridge import load_dgl
-from rudder.model import GraphSAGE
-from rudder.partition_store import PartitionMeta, global_csr, read_features, read_partition
+from rudder.data.dgl_bridge import load_dgl
+from rudder.data.partition_store import PartitionMeta, global_csr, read_features, read_partition
+from rudder.train.model import GraphSAGE
 
 
 def train_reference(parts_dir: str, *, epochs: int, batch_size: int, fanouts=(10, 25), hidden=16, lr=0.003,

@@ -9,9 +9,11 @@ from collections import deque
 
 import numpy as np
 import pytest
-
 from conftest import BUNDLED_CORA, read_logs, run_train
-from rudder.agent import EVICT, KEEP, Heuristic, TrainerContext
+
+from rudder.agent.deciders.base import TrainerContext
+from rudder.agent.deciders.heuristic import Heuristic
+from rudder.agent.protocol import EVICT, KEEP
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,19 @@ and the lookahead buffer's Belady choice."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
-
 from buffer_reference import ReferenceBuffer
-from rudder.buffer import BufferSettings, ScoredBuffer, WindowBuffer, eviction_threshold
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rudder.prefetch.buffers import BufferSettings, eviction_threshold
+from rudder.prefetch.scored_buffer import ScoredBuffer
+from rudder.prefetch.window_buffer import WindowBuffer
+
+
+def step(buf, nodes, asked):
+    """One minibatch through the buffer protocol, the policy's verdict being ``asked``."""
+    look = buf.lookup(np.asarray(nodes, dtype=np.int64))
+    return look, buf.replace(look, asked)
 
 
 def replay(trace, triggers, halo, degree, fraction, init, alpha, delta, compat, num_nodes=1000, owned=(0, 10)):
@@ -16,10 +25,9 @@ def replay(trace, triggers, halo, degree, fraction, init, alpha, delta, compat, 
     ours = ScoredBuffer(s, halo, degree, owned, num_nodes, dim=1, rng=np.random.default_rng(0))
     ref = ReferenceBuffer(ours.ids, halo, alpha, delta, compat)  # the same initial contents
     for nodes, trigger in zip(trace, triggers):
-        st = ours.step(np.asarray(nodes, dtype=np.int64), lambda *_: trigger)
-        rep = st.replacement
+        look, rep = step(ours, nodes, trigger)
         hits, misses, evicted, inserted = ref.step(nodes, trigger)
-        assert (int(st.hit.sum()), st.misses) == (hits, misses)
+        assert (look.hits, look.misses) == (hits, misses)
         if rep is not None:
             assert rep.evicted.tolist() == evicted and rep.inserted.tolist() == inserted
         ref_slots, ref_counts = ref.state()
@@ -52,12 +60,12 @@ def test_equals_reference_on_random_traces(case):
 def test_equals_reference_on_a_recorded_cora_trace(tmp_path):
     """Input nodes of real sampled minibatches (Cora, 4 parts, partition 0's view)."""
     import torch
+    from conftest import BUNDLED_CORA
 
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
-    from conftest import BUNDLED_CORA
-    from rudder.dgl_bridge import load_dgl
-    from rudder.partition_store import PartitionMeta, global_csr, read_partition
+    from rudder.data.dgl_bridge import load_dgl
+    from rudder.data.partition_store import PartitionMeta, global_csr, read_partition
 
     out = str(tmp_path / "parts")
     partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 4, out, method="metis", seed=0)
@@ -104,7 +112,7 @@ def test_compat_quirk_makes_empty_init_stick():
         s = BufferSettings(0.5, "empty", 0.05, 1, compat, "halo")
         buf = ScoredBuffer(s, halo, np.ones(10), (0, 10), 100, 1, np.random.default_rng(0))
         for i in range(10):
-            buf.step(np.array([11]) if i == 0 else np.array([12, 13]), lambda *_: True)
+            step(buf, [11] if i == 0 else [12, 13], True)
         occupancy[compat] = sorted(buf.ids[buf.ids < 100].tolist())
     assert occupancy == {True: [11], False: [11, 12, 13]}
 
@@ -112,10 +120,10 @@ def test_compat_quirk_makes_empty_init_stick():
 def test_window_buffer_keeps_the_rows_needed_soonest():
     buf = WindowBuffer(2, halo=np.arange(10, 20), owned=(0, 10), num_nodes=100, dim=1, scope="halo")
     rows = lambda ids: np.asarray(ids, np.float32)[:, None]  # noqa: E731
-    hit, _ = buf.lookup(np.array([11, 12, 13, 3]))
-    assert not hit.any()
-    missed = np.array([11, 12, 13, 3])
-    assert buf.settle(missed, rows(missed), np.arange(missed.size), [np.array([13]), np.array([12, 11])]) == 2
+    nodes = np.array([11, 12, 13, 3])
+    look = buf.lookup(nodes)
+    assert not look.hit.any() and look.misses == 3  # 3 is this partition's own: not cacheable
+    assert buf.settle(look, None, None, rows(nodes), [np.array([13]), np.array([12, 11])]) == 2
     assert sorted(buf.ids.tolist()) == [11, 13]  # 13 next, then 11 or 12 (tie: lower ID); 3 is local
-    hit, slots = buf.lookup(np.array([13, 14]))
-    assert hit.tolist() == [True, False] and buf.features[slots, 0].tolist() == [13.0]
+    look = buf.lookup(np.array([13, 14]))
+    assert look.hit.tolist() == [True, False] and buf.features[look.slots, 0].tolist() == [13.0]

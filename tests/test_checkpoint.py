@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import BUNDLED_CORA, read_logs, run_train, train_command
 
 COLUMNS = ("epoch", "step", "seeds", "input_nodes", "hits", "misses", "refills", "replaced", "refetched", "loss",
@@ -127,7 +126,8 @@ def test_sigterm_checkpoints_then_stops_and_the_run_resumes(parts, uninterrupted
     logs = read_logs(run)
     assert all(r["status"] == "interrupted" for r in logs)
     counter = latest_counter(run)
-    assert counter >= 0 and all(r["minibatches"].size == counter + 1 for r in logs)  # stopped right after it
+    # the checkpoint was set after the signal (10 minibatches in), and the run stopped right after it
+    assert counter >= 10 and all(r["minibatches"].size == counter + 1 for r in logs)
     proc = run_train(2, "--resume", run, "--epochs", "20", "--progress", "none")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_run(uninterrupted["lookahead"], run)
@@ -167,16 +167,22 @@ def test_agent_contexts_survive_a_resume(parts, tmp_path):
 
 
 def test_bad_resume_input_is_one_line(parts, uninterrupted, tmp_path):
-    from rudder.config import ConfigError, parse_config
+    from rudder.logs.checkpoints import FORMAT_VERSION
+    from rudder.train.config import ConfigError, parse_config
 
     with pytest.raises(ConfigError, match="no checkpoint there"):
         parse_config(["--resume", str(tmp_path)])
     ck = tmp_path / "run" / "checkpoint"
     ck.mkdir(parents=True)
-    (ck / "latest.json").write_text(json.dumps({"format_version": 1, "counter": 5, "epoch": 0, "step": 5, "world_size": 3,
-                                               "config": json.loads(read_logs(uninterrupted["fixed"])[0]["attrs"]["config"])}))
+    record = {"format_version": FORMAT_VERSION, "counter": 5, "epoch": 0, "step": 5, "world_size": 3,
+              "config": json.loads(read_logs(uninterrupted["fixed"])[0]["attrs"]["config"])}
+    (ck / "latest.json").write_text(json.dumps(record))
     with pytest.raises(ConfigError, match="--fanouts .* differs from the checkpointed run"):
         parse_config(["--resume", str(tmp_path / "run"), "--fanouts", "5,5"])
-    assert parse_config(["--resume", str(tmp_path / "run"), "--epochs", "50"]).epochs == 50
+    assert parse_config(["--resume", str(tmp_path / "run"), "--epochs", "50"]).training.epochs == 50
+    (tmp_path / "old" / "checkpoint").mkdir(parents=True)  # written by an earlier version: refused, one line
+    (tmp_path / "old" / "checkpoint" / "latest.json").write_text(json.dumps({**record, "format_version": 1}))
+    with pytest.raises(ConfigError, match="checkpoint format 1 is not supported"):
+        parse_config(["--resume", str(tmp_path / "old")])
     proc = run_train(2, "--resume", tmp_path / "run")  # a 3-rank checkpoint, 2 ranks launched
     assert proc.returncode == 2 and "3-rank job" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -11,13 +11,14 @@ import sys
 
 import numpy as np
 import pytest
-
+from classifier_checks import held_out_accuracy
 from conftest import BUNDLED_CORA, REPO, read_logs, run_train
 
 pytest.importorskip("sklearn", reason="scikit-learn is not installed (pip install -e '.[test]')")
 pytest.importorskip("xgboost", reason="xgboost-cpu is not installed")
 
-from rudder.classifier import FEATURES, MODELS, features  # noqa: E402
+from rudder.agent.deciders.classifier import MODELS  # noqa: E402
+from rudder.agent.features import FEATURES, features  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_collection_rows_agree_with_the_minibatch_log(traces):
                 t, nxt = replaced[k], replaced[k + 1]
                 prev = replaced[k - 1] if k else -1
                 assert row["minibatch"] == t and row["evicted"] == mb["refills"][t]
-                for name, column in (("hitrate", "hit_percent"), ("comm_volume", "misses"), ("refetched", "refetched")):
+                for name, column in (("hitrate", "hit_percent"), ("comm_volume", "comm_volume"), ("refetched", "refetched")):
                     assert row[f"pre_{name}"] == pytest.approx(mb[column][prev + 1:t + 1].mean())
                     assert row[f"post_{name}"] == pytest.approx(mb[column][t + 1:nxt + 1].mean())
                 expected = features(facts, window_from_log(mb, t, window), last_refill(mb, t))
@@ -75,14 +76,14 @@ def trace_facts(r):
 
 def window_from_log(mb, t, window):
     w = mb[max(0, t - window + 1):t + 1]
-    return {"counter": t, "hitrate": w["hit_percent"].mean(), "comm_volume": w["misses"].mean(),
+    return {"counter": t, "hitrate": w["hit_percent"].mean(), "comm_volume": w["comm_volume"].mean(),
             "candidates": w["candidates"].mean(), "refetched": w["refetched"].mean()}
 
 
 def last_refill(mb, t):
     """Rows evicted by the most recent replacement before minibatch t that evicted any (what the
     agent knows when it decides after minibatch t - 1)."""
-    before = np.flatnonzero((mb["refills"][:t] > 0))
+    before = np.flatnonzero(mb["refills"][:t] > 0)
     return int(mb["refills"][before[-1]]) if before.size else 0
 
 
@@ -103,7 +104,8 @@ def test_training_writes_all_five_models_and_a_report(models):
     with open(os.path.join(out, "preprocessor.json")) as f:
         meta = json.load(f)
     assert meta["features"] == list(FEATURES) and meta["train_rows"] + meta["test_rows"] == meta["rows"] > 50
-    assert all(0 <= m["test_accuracy"] <= 1 for m in meta["models"].values())
+    for kind, m in meta["models"].items():  # held-out accuracy, as the report states it, from its own predictions
+        assert m["test_accuracy"] == pytest.approx(held_out_accuracy(out, kind, meta)), kind
     proc = subprocess.run([sys.executable, "-m", "rudder.classifier", "train", out, "--out", out],
                           capture_output=True, text=True, cwd=REPO)  # not a run directory: one line, exit 2
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
@@ -114,12 +116,13 @@ def test_each_model_steers_a_run_with_the_features_it_was_trained_on(kind, model
     out, _ = models
     run = str(tmp_path / "run")
     proc = run_train(3, "--data", parts, "--run-dir", run, "--policy", "classifier", "--classifier-model",
-                     os.path.join(out, MODELS[kind]), "--epochs", "3", *COMMON)
+                     os.path.join(out, MODELS[kind]), "--epochs", "3", "--agent-latency", "1", *COMMON)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = read_logs(run)
     agent = next(r for r in logs if r["role"] == "agent")
     d = agent["decisions"]
-    assert d.size >= 4 and (d["fallback"] == 0).all() and (d["latency"] < 2.0).all()
+    # every request answered by the model (with --agent-latency the trainer waits for it)
+    assert d.size >= 4 and (d["fallback"] == 0).all(), agent["fallback_reason"]
     with open(os.path.join(out, "preprocessor.json")) as f:
         meta = json.load(f)
     trainers = {r["layout"]["world_rank"]: r for r in logs if r["role"] == "trainer"}

@@ -5,28 +5,30 @@ import json
 
 import pytest
 
-from rudder.config import ConfigError, TrainConfig, parse_config
+from rudder.train.config import ConfigError, TrainConfig, parse_config
 
 
 def test_precedence_and_types(tmp_path):
     cfg_file = tmp_path / "run.toml"
     cfg_file.write_text('epochs = 7\nfanouts = "5,6"\nlr = 1\nhidden = 32\ntrace = true\n')
     cfg = parse_config(["--config", str(cfg_file), "--data", "d", "--run-dir", "r", "--hidden", "64"])
-    assert (cfg.epochs, cfg.fanouts, cfg.lr, cfg.hidden, cfg.trace) == (7, [5, 6], 1.0, 64, True)
-    assert isinstance(cfg.lr, float) and cfg.data.startswith("/")
-    again = TrainConfig(**json.loads(cfg.to_json()))  # the logged JSON rebuilds the same config
+    assert (cfg.training.epochs, cfg.sampling.fanouts, cfg.model.lr, cfg.model.hidden, cfg.output.trace) == (7, [5, 6], 1.0,
+                                                                                                             64, True)
+    assert isinstance(cfg.model.lr, float) and cfg.data.path.startswith("/")
+    again = TrainConfig.from_flat(json.loads(cfg.to_json()))  # the logged JSON rebuilds the same config
     assert again == cfg
     js = tmp_path / "run.json"
     js.write_text(json.dumps({"data": "d", "run_dir": "r", "fanouts": [3, 4, 5], "eval_every": 0}))
-    assert parse_config(["--config", str(js)]).fanouts == [3, 4, 5]
+    assert parse_config(["--config", str(js)]).sampling.fanouts == [3, 4, 5]
 
 
 def test_paper_defaults_and_batch_rule():
     cfg = parse_config(["--data", "d", "--run-dir", "r"])
-    assert (cfg.fanouts, cfg.hidden, cfg.lr, cfg.dropout, cfg.epochs, cfg.eval_every) == ([10, 25], 16, 0.003, 0.5, 100, 5)
+    assert (cfg.sampling.fanouts, cfg.model.hidden, cfg.model.lr, cfg.model.dropout, cfg.training.epochs,
+            cfg.training.eval_every) == ([10, 25], 16, 0.003, 0.5, 100, 5)
     assert cfg.resolved_batch_size(100_000) == 2000  # the paper's batch on big partitions
     assert cfg.resolved_batch_size(140) == 35 and cfg.resolved_batch_size(20) == 16  # >= 4 steps on small ones
-    cfg.batch_size = 64
+    cfg.sampling.batch_size = 64
     assert cfg.resolved_batch_size(140) == 64
 
 

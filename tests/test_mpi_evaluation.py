@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import BUNDLED_CORA, partition_on_rank0
 
 pytestmark = pytest.mark.mpi
@@ -13,13 +12,13 @@ pytestmark = pytest.mark.mpi
 
 @pytest.mark.parametrize("num_layers", [2, 3])
 def test_layerwise_equals_full_graph_inference(tmp_path_factory, num_layers):
-    from rudder.dgl_bridge import load_dgl
-    from rudder.evaluation import evaluate
-    from rudder.feature_store import FeatureStore
-    from rudder.layout import build_layout, exposer_table
-    from rudder.model import GraphSAGE
-    from rudder.partition_store import PartitionMeta, global_csr, read_features, read_partition
-    from rudder.sampler import Adjacency
+    from rudder.comm.layout import build_layout, exposer_table
+    from rudder.data.adjacency import Adjacency
+    from rudder.data.dgl_bridge import load_dgl
+    from rudder.data.feature_store import FeatureStore
+    from rudder.data.partition_store import PartitionMeta, global_csr, read_features, read_partition
+    from rudder.train.evaluation import evaluate
+    from rudder.train.model import GraphSAGE
 
     out = partition_on_rank0(tmp_path_factory, f"planetoid:{BUNDLED_CORA}:cora", f"cora-eval{num_layers}")
     meta = PartitionMeta.load(out)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import partition_on_rank0
 
 pytestmark = pytest.mark.mpi
@@ -20,7 +19,7 @@ def parts_dir(tmp_path_factory):
 
 def expected_rows(parts_dir):
     """Features in new-ID order, read straight from the files (the store is not involved)."""
-    from rudder.partition_store import PartitionMeta, read_features
+    from rudder.data.partition_store import PartitionMeta, read_features
 
     meta = PartitionMeta.load(parts_dir)
     return meta, np.concatenate([read_features(parts_dir, p, meta) for p in range(meta.num_parts)])
@@ -29,8 +28,8 @@ def expected_rows(parts_dir):
 def test_gather_equals_owner_rows(parts_dir):
     from mpi4py import MPI
 
-    from rudder.feature_store import FeatureStore
-    from rudder.layout import build_layout
+    from rudder.comm.layout import build_layout
+    from rudder.data.feature_store import FeatureStore
 
     comm = MPI.COMM_WORLD
     meta, truth = expected_rows(parts_dir)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import BUNDLED_CORA, partition_on_rank0
 
 pytestmark = pytest.mark.mpi
@@ -20,7 +19,7 @@ def test_each_rank_reads_its_partition(partitioned):
     from mpi4py import MPI
 
     from partitioning.sources import load_spec
-    from rudder.partition_store import PartitionMeta, read_features, read_partition
+    from rudder.data.partition_store import PartitionMeta, read_features, read_partition
 
     comm = MPI.COMM_WORLD
     meta = PartitionMeta.load(partitioned)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import BUNDLED_CORA, partition_on_rank0
 
 pytestmark = pytest.mark.mpi
@@ -15,9 +14,9 @@ SPECS = {"cora": f"planetoid:{BUNDLED_CORA}:cora", "sbm": "synthetic:sbm:nodes=1
 
 @pytest.fixture(scope="module", params=sorted(SPECS))
 def setup(request, tmp_path_factory):
-    from rudder.layout import build_layout, exposer_table
-    from rudder.partition_store import PartitionMeta, global_csr, read_partition
-    from rudder.sampler import Adjacency
+    from rudder.comm.layout import build_layout, exposer_table
+    from rudder.data.adjacency import Adjacency
+    from rudder.data.partition_store import PartitionMeta, global_csr, read_partition
 
     out = partition_on_rank0(tmp_path_factory, SPECS[request.param], request.param)
     meta = PartitionMeta.load(out)
@@ -30,7 +29,7 @@ def setup(request, tmp_path_factory):
 
 
 def test_two_hop_blocks_are_exact(setup):
-    from rudder.sampler import NeighborSampler
+    from rudder.sampling.neighbors import NeighborSampler
 
     meta, layout, parts, adjacency, indptr, indices = setup
     part = parts[layout.partition_id]
@@ -62,8 +61,8 @@ def test_frequencies_match_dgl(setup):
     is within 5 sigma of k/d, for ours and for DGL's sample_neighbors on the whole graph."""
     import torch
 
-    from rudder.dgl_bridge import load_dgl
-    from rudder.sampler import NeighborSampler
+    from rudder.data.dgl_bridge import load_dgl
+    from rudder.sampling.neighbors import NeighborSampler
 
     meta, layout, parts, adjacency, indptr, indices = setup
     degree = np.diff(indptr)

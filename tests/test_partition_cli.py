@@ -9,9 +9,9 @@ import pickle
 import h5py
 import numpy as np
 import pytest
-
 from conftest import BUNDLED_CORA, run_cli
-from rudder.partition_store import METADATA_FILE, sha256_file
+
+from rudder.data.partition_store import METADATA_FILE, sha256_file
 
 SBM = "synthetic:sbm:nodes=600,blocks=3,avg_degree=6,feat_dim=4,seed=1"
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import BUNDLED_CORA, shared_dataset
 from partition_helpers import reassemble
+
 from partitioning.partition import partition_graph
 from partitioning.sources import load_spec
 from partitioning.verify import verify
-from rudder.partition_store import PartitionMeta
+from rudder.data.partition_store import PartitionMeta
 
 
 def assert_round_trip(graph, directory):

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpiexec
+
 from partitioning.partition import partition_graph
 from partitioning.sources import load_spec
 

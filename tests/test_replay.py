@@ -5,10 +5,11 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rudder.buffer import WindowBuffer
-from rudder.replay import belady_min
+from rudder.analysis.bound import belady_min
+from rudder.prefetch.window_buffer import WindowBuffer
 
 
 def optimum(trace, admissible, capacity):
@@ -47,10 +48,9 @@ def test_lookahead_never_beats_min_and_whole_run_window_equals_it(trace, capacit
         buf = WindowBuffer(capacity, halo, owned=(100, 200), num_nodes=1000, dim=1, scope="halo")
         fetched = 0
         for b, ids in enumerate(arrays):
-            hit, _ = buf.lookup(ids)
-            missed = ids[~hit]
-            fetched += missed.size
-            buf.settle(missed, missed.astype(np.float32)[:, None], np.arange(missed.size), arrays[b + 1:b + 1 + w])
+            look = buf.lookup(ids)
+            fetched += ids.size - look.hits
+            buf.settle(look, None, None, ids.astype(np.float32)[:, None], arrays[b + 1:b + 1 + w])
         return fetched
 
     best = belady_min(arrays, halo, capacity)["rows"]

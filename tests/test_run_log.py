@@ -9,8 +9,9 @@ import time
 
 import h5py
 import numpy as np
+import pytest
 
-from rudder.run_log import RunLog
+from rudder.logs.writer import RunLog
 
 ROW = np.dtype([("step", "i4"), ("loss", "f4")])
 
@@ -19,13 +20,13 @@ def test_round_trip(tmp_path):
     path = str(tmp_path / "rank-00000.h5")
     log = RunLog(path, {"config": '{"a": 1}'}, {"rows": ROW}, {"ids": np.int64}, flush_seconds=3600)
     for i in range(5):
-        log.append("rows", (i, i / 2))
+        log.append("rows", {"step": i, "loss": i / 2})
         log.append_ragged("ids", np.arange(i))
     log.maybe_flush()  # too early: nothing written yet
     with h5py.File(path, "r") as f:
         assert f["rows"].shape == (0,) and f.attrs["status"] == "running" and f.attrs["config"] == '{"a": 1}'
     log.flush()
-    log.append("rows", (5, 2.5))
+    log.append("rows", {"loss": 2.5, "step": 5})  # by name, in any order
     log.append_ragged("ids", np.array([7, 8]))
     log.close("completed")
     with h5py.File(path, "r") as f:
@@ -37,15 +38,26 @@ def test_round_trip(tmp_path):
         assert f["ids/values"].compression == "gzip"
 
 
+def test_rows_are_built_by_field_name(tmp_path):
+    log = RunLog(str(tmp_path / "rank-00000.h5"), {}, {"rows": ROW}, flush_seconds=3600)
+    with pytest.raises(KeyError, match="missing \\['loss'\\]"):
+        log.append("rows", {"step": 1})
+    with pytest.raises(KeyError, match="unknown \\['los'\\]"):
+        log.append("rows", {"step": 1, "los": 0.0})
+    log.close("completed")
+    with h5py.File(tmp_path / "rank-00000.h5", "r") as f:
+        assert f["rows"].shape == (0,)  # nothing half-written
+
+
 def test_killed_writer_leaves_a_readable_file(tmp_path):
     path = tmp_path / "rank-00000.h5"
     script = textwrap.dedent(f"""
         import numpy as np, sys, time
-        from rudder.run_log import RunLog
+        from rudder.logs.writer import RunLog
         log = RunLog({str(path)!r}, {{}}, {{"rows": np.dtype([("step", "i4"), ("loss", "f4")])}}, flush_seconds=0.05)
         i = 0
         while True:
-            log.append("rows", (i, 0.0)); log.maybe_flush(); i += 1
+            log.append("rows", {{"step": i, "loss": 0.0}}); log.maybe_flush(); i += 1
             if i == 200: print("ready", flush=True)
             time.sleep(0.001)
     """)

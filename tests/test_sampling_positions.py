@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rudder.sampler import sample_positions, with_new_nodes
+from rudder.sampling.neighbors import sample_positions, with_new_nodes
 
 
 def test_counts_and_distinct_positions():

@@ -12,7 +12,6 @@ import sys
 import h5py
 import numpy as np
 import pytest
-
 from conftest import BUNDLED_CORA, REPO, run_train
 
 
@@ -84,7 +83,8 @@ def test_the_cli_reports_every_policy_with_modelled_times(cora8, tmp_path):
                      "none", "--workers", "1", "--out", tmp_path / "one.json")
     assert again.returncode == 0, again.stderr
     one = json.loads((tmp_path / "one.json").read_text())["policies"]
-    assert one["none"]["rows_per_epoch"] == none["rows_per_epoch"] and one["fixed"]["rows_per_epoch"] == pol["fixed"]["rows_per_epoch"]
+    assert one["none"]["rows_per_epoch"] == none["rows_per_epoch"]
+    assert one["fixed"]["rows_per_epoch"] == pol["fixed"]["rows_per_epoch"]
     assert "epoch_seconds" not in one["none"]
 
 

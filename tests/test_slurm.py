@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import BUNDLED_CORA, REPO, read_logs
-from tiny_gguf import write_tiny_gguf
+
+from rudder.agent.tiny_gguf import write_tiny_gguf
 
 SLURM_CONF = """\
 ClusterName=rudder-test

@@ -99,7 +99,8 @@ def test_edgelist_formats(tmp_path, text):
     np.save(tmp_path / "f.npy", FEATS)
     np.save(tmp_path / "l.npy", LABELS)
     np.savez(tmp_path / "s.npz", train=np.array([0, 1]), val=np.array([2]), test=np.array([3]))
-    g = load_spec(f"edgelist:{tmp_path / 'e.txt'},feat={tmp_path / 'f.npy'},label={tmp_path / 'l.npy'},split={tmp_path / 's.npz'}")
+    g = load_spec(f"edgelist:{tmp_path / 'e.txt'},feat={tmp_path / 'f.npy'},label={tmp_path / 'l.npy'},"
+                  f"split={tmp_path / 's.npz'}")
     assert_graph(g)
     assert g.train_mask.sum() == 2 and g.info["split"].endswith("s.npz")
 
@@ -115,7 +116,7 @@ def test_edgelist_structure_only(tmp_path):
 def test_dgl_file(tmp_path):
     import torch
 
-    from rudder.dgl_bridge import load_dgl
+    from rudder.data.dgl_bridge import load_dgl
 
     dgl = load_dgl()
     g = dgl.graph((torch.from_numpy(RAW_EDGES[:, 0]), torch.from_numpy(RAW_EDGES[:, 1])), num_nodes=N)
@@ -135,7 +136,8 @@ def write_musae(root, name, target_rows, columns):
     root.mkdir(exist_ok=True)
     (root / f"{name}_edges.csv").write_text("id_1,id_2\n" + "\n".join(f"{a},{b}" for a, b in RAW_EDGES) + "\n")
     (root / f"{name}_features.json").write_text(json.dumps({str(i): [i % 3, 4] for i in range(N)}))
-    (root / f"{name}_target.csv").write_text(",".join(columns) + "\n" + "\n".join(",".join(map(str, r)) for r in target_rows) + "\n")
+    rows = "\n".join(",".join(map(str, r)) for r in target_rows)
+    (root / f"{name}_target.csv").write_text(",".join(columns) + "\n" + rows + "\n")
 
 
 def test_musae_categorical_and_binned(tmp_path):

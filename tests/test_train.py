@@ -13,8 +13,8 @@ import time
 import h5py
 import numpy as np
 import pytest
-
-from conftest import BUNDLED_CORA, SHARED_DATA, read_logs as logs, run_train, train_command
+from conftest import BUNDLED_CORA, SHARED_DATA, run_train, train_command
+from conftest import read_logs as logs
 
 CORA_SHARED = os.path.join(SHARED_DATA, "planetoid", "ind.cora.graph")
 # Cora, for the accuracy comparison: hidden 128 keeps seed-to-seed spread near 1 point
@@ -95,7 +95,7 @@ def test_log_contents(cora4, tmp_path):
 
 
 def layout_start(parts_dir, part):
-    from rudder.partition_store import PartitionMeta
+    from rudder.data.partition_store import PartitionMeta
 
     return PartitionMeta.load(parts_dir).offsets[part]
 
@@ -223,7 +223,7 @@ def test_node_partition_mode_splits_each_partition_among_its_node(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = logs(run)
     layouts = [json.loads(f["attrs"]["layout"]) for f in files]
-    assert [(l["node_id"], l["partition_id"]) for l in layouts] == [(0, 0), (1, 1), (0, 0), (1, 1)]  # round-robin nodes
+    assert [(x["node_id"], x["partition_id"]) for x in layouts] == [(0, 0), (1, 1), (0, 0), (1, 1)]  # round-robin nodes
     for epoch in (0, 1):
         seeds = [int(f["minibatches"]["seeds"][f["minibatches"]["epoch"] == epoch].sum()) for f in files]
         assert sum(seeds) == 140 and all(s > 0 for s in seeds)

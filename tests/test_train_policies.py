@@ -4,9 +4,7 @@ sampling stream does not depend on the policy or the pipelining), while remote t
 and the simulator (rudder.simulate) reproduces every run's per-minibatch counts exactly."""
 from __future__ import annotations
 
-
 import numpy as np
-
 from conftest import BUNDLED_CORA, read_logs, run_train, shared_dataset
 
 RUNS = [("none", ["--no-overlap"]), ("none", []), ("static", []), ("fixed", ["--delta", "2"]),
@@ -26,7 +24,7 @@ def check_policies(spec, ranks, tmp_path, extra, runs=RUNS):
 
     parts = str(tmp_path / "parts")
     partition_graph(load_spec(spec), ranks, parts, method="metis", seed=0)
-    from rudder.simulate import validate
+    from rudder.sim.validate import validate
 
     results = {}
     for i, (policy, flags) in enumerate(runs):

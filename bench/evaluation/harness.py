@@ -14,9 +14,18 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
+from bench import distdgl_peer
 from bench.evaluation.grid import AGENT_POLICIES, FRACTION_FREE, REPO, configurations, policy_flags
+from bench.mpi_job import train_job
+from partitioning.partition import partition_graph
+from partitioning.sources import load_spec
+from rudder.agent import classifier_training
+from rudder.agent.deciders.classifier import MODELS, ClassifierError
+from rudder.analysis.decisions import decision_quality, fallback_counts
+from rudder.analysis.summary import summarize
+from rudder.data.partition_store import PartitionFormatError, PartitionMeta
+from rudder.logs.reader import load_run
+from rudder.sim.validate import validate
 
 
 def code_fingerprint() -> str:
@@ -51,10 +60,6 @@ class Harness:
         return True
 
     def partition(self, name: str, spec: str, parts: int) -> str:
-        from partitioning.partition import partition_graph
-        from partitioning.sources import load_spec
-        from rudder.partition_store import PartitionFormatError, PartitionMeta
-
         out = os.path.join(self.out, "parts", f"{name}-{parts}")
         try:
             meta = PartitionMeta.load(out)
@@ -69,7 +74,6 @@ class Harness:
 
     def train(self, parts: str, run_dir: str, trainers: int, policy: str, flags: list[str]) -> str | None:
         """One drivers/train.py job (reused when it already finished with the same flags)."""
-        from bench.mpi_job import train_job
 
         nodes = trainers  # every trainer an emulated node of its own
         agents = nodes if policy in AGENT_POLICIES else 0
@@ -94,36 +98,24 @@ class Harness:
 
 
 def figures(run_dir: str, data_dir: str) -> dict:
-    """What the results tables show of one run: remote rows fetched per epoch (summed over
-    trainers) and the slowest trainer's epoch time, over epochs 2..E as for the DistDGL peer
-    (the first epoch warms up), and the analysis tool's hit %, accuracy and decision figures."""
-    from rudder.analyze import decision_quality, fallback_counts, load_run, remote_rows_fetched, summarize
-
+    """What the results tables show of one run: remote rows fetched per epoch (all trainers) and
+    the epoch time, as ``rudder.logs.metrics`` defines them (over epochs 2..E, as for the DistDGL
+    peer), and the analysis tool's hit %, accuracy and decision figures."""
     run = load_run(run_dir)
     s = summarize(run, data_dir)
-    epochs = sorted(set.intersection(*(set(r.epochs["epoch"][r.epochs["complete"] == 1].tolist()) for r in run.ranks)))
-    later = epochs[1:] or epochs
-    rows = sum(int(remote_rows_fetched(r.minibatches)[np.isin(r.minibatches["epoch"], later)].sum()) for r in run.ranks)
-    seconds = [max(float(r.epochs["seconds"][r.epochs["epoch"] == e][0]) for r in run.ranks) for e in later]
-    row = {"run": os.path.abspath(run_dir), "rows_per_epoch": rows / len(later) if later else None,
-           "epoch_seconds": float(np.median(seconds)) if seconds else None, "hit_percent": s["buffer"]["hit_percent"],
+    row = {"run": os.path.abspath(run_dir), "rows_per_epoch": s["traffic"]["remote_rows_fetched_per_epoch"],
+           "epoch_seconds": s["epochs"]["median_seconds"], "hit_percent": s["buffer"]["hit_percent"],
            "test_acc": s["accuracy"]["test"], "over_min": (s.get("bound") or {}).get("achieved_over_min")}
     if run.agents:
         q = decision_quality(run)
         reasons = fallback_counts(run)
-        invalid = sum(reasons.values()) - cut_off_because_trainer_finished(run)  # not the model's fault
+        # a decision cut off because its trainer had finished is not the decider's fault
+        invalid = sum(n for reason, n in reasons.items() if reason != "trainer_finished")
         row["decisions"] = {"count": q["count"], "answered": q["count"] - sum(reasons.values()), "evict": q["evict"],
                             "latency_mean": q["latency_mean"], "pass_at_1_hitrate": q["pass_at_1_hitrate"]["value"],
                             "pass_at_1_comm": q["pass_at_1_comm"]["value"],
                             "invalid_rate": invalid / q["count"] if q["count"] else None, "fallbacks": reasons}
     return row
-
-
-def cut_off_because_trainer_finished(run) -> int:
-    """How many of the run's agent fallbacks were decisions cut off because their trainer had
-    finished (not the model's fault). Read from the reasons' wording ("trainer finished"), the one
-    place that classifies a fallback by its text."""
-    return len([text for a in run.agents for text in (a.fallback_reasons or []) if "trainer finished" in text])
 
 
 def run_grid(h: Harness, datasets: dict) -> dict:
@@ -166,8 +158,6 @@ def run_grid(h: Harness, datasets: dict) -> dict:
 def train_classifiers(h: Harness, results: dict) -> dict:
     """Train on the seen datasets' collection (fixed) runs; score on held-out seen rows and on
     every unseen dataset's rows."""
-    from rudder import classifier
-
     seen_names = set(h.grid.get("classifier", {}).get("seen", []))
     kind = h.grid.get("classifier", {}).get("model", "xgb")
     seen, unseen = [], []
@@ -180,15 +170,15 @@ def train_classifiers(h: Harness, results: dict) -> dict:
         h.say("classifiers: no fixed run of a seen dataset; classifier runs skipped")
         return {"error": "no collection runs of the seen datasets"}
     try:
-        report = classifier.train(seen, out, list(classifier.MODELS), seed=h.seed)
-    except classifier.ClassifierError as e:
+        report = classifier_training.train(seen, out, list(MODELS), seed=h.seed)
+    except ClassifierError as e:
         h.say(f"classifiers not trained: {e}")
         return {"error": str(e)}
-    result = {"seen_datasets": sorted(seen_names), "model": os.path.join(out, classifier.MODELS[kind]), "kind": kind,
+    result = {"seen_datasets": sorted(seen_names), "model": os.path.join(out, MODELS[kind]), "kind": kind,
               "seen": {k: v["test_accuracy"] for k, v in report["models"].items()}, "seen_rows": report["rows"],
               "unseen": None, "unseen_rows": 0}
     if unseen:
-        ev = classifier.evaluate(out, unseen)
+        ev = classifier_training.evaluate(out, unseen)
         result["unseen"] = {k: v["accuracy"] for k, v in ev["models"].items()}
         result["unseen_rows"] = ev["rows"]
     h.say(f"classifiers trained on {report['rows']} rows of {', '.join(sorted(seen_names))}; runtime model {kind}")
@@ -197,7 +187,6 @@ def train_classifiers(h: Harness, results: dict) -> dict:
 
 def run_distdgl(h: Harness, datasets: dict, grid_results: dict) -> dict:
     """DistDGL on the same partitions and hyperparameters as our runs of the chosen configs."""
-    from bench import distdgl_peer
 
     spec = h.grid.get("distdgl")
     if not spec:
@@ -214,8 +203,6 @@ def run_distdgl(h: Harness, datasets: dict, grid_results: dict) -> dict:
         none = r["runs"].get("none")
         if none is None:
             continue
-        from rudder.analyze import load_run
-
         ours = load_run(none["run"])
         batch = ours.ranks[0].run["batch_size"]
         if h.out_of_time(f"distdgl/{key}"):
@@ -244,8 +231,6 @@ def run_distdgl(h: Harness, datasets: dict, grid_results: dict) -> dict:
 
 def validate_simulator(h: Harness, grid_results: dict) -> dict:
     """``python -m rudder.simulate --validate`` on every run: rows must match exactly."""
-    from rudder.simulate import validate
-
     checked, mismatched = 0, []
     for r in grid_results["configs"].values():
         for fig in r["runs"].values():

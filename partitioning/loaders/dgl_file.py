@@ -8,7 +8,7 @@ import numpy as np
 
 from partitioning.graph import GraphData, InputError
 from partitioning.spec import SPLIT_OPTIONS, Options, build_graph, first_key, masks_from_arrays, need_file, parse_options
-from rudder.dgl_bridge import load_dgl
+from rudder.data.dgl_bridge import load_dgl
 
 
 def load_dgl_file(rest: str, spec: str) -> GraphData:

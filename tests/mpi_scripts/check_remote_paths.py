@@ -9,10 +9,11 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from rudder.feature_store import FeatureStore
-from rudder.layout import LayoutError, build_layout, exposer_table
-from rudder.partition_store import PartitionMeta, global_csr, read_features, read_partition
-from rudder.sampler import Adjacency, NeighborSampler
+from rudder.comm.layout import LayoutError, build_layout, exposer_table
+from rudder.data.adjacency import Adjacency
+from rudder.data.feature_store import FeatureStore
+from rudder.data.partition_store import PartitionMeta, global_csr, read_features, read_partition
+from rudder.sampling.neighbors import NeighborSampler
 
 parts_dir, mode, agent = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 world = MPI.COMM_WORLD
@@ -59,7 +60,7 @@ assert mb.stats.rows_remote > 0, "the sampler read no remote adjacency"
 
 # Every way of issuing the Gets reads the same entries (with repeats, in any order): per run,
 # indexed, and by row size; 1-D and 2-D rows.
-from rudder.dist_array import DistributedArray  # noqa: E402
+from rudder.comm.dist_array import DistributedArray  # noqa: E402
 
 exposer = exposer_table(layout, meta.num_parts)
 rng = np.random.default_rng(100 + world.rank)
@@ -69,7 +70,7 @@ for row_shape in [(), (3,)]:
                   for p, n in enumerate(sizes)]
     for gets in ("runs", "indexed", "auto"):
         arr = DistributedArray(layout.trainers, sizes, exposer, layout.partition_id, np.int64, row_shape,
-                               fill=lambda own: own.__setitem__(slice(None), truth_rows[layout.partition_id]),
+                               fill=lambda own, rows=truth_rows: own.__setitem__(slice(None), rows[layout.partition_id]),
                                gets=gets)
         want_parts = rng.integers(0, meta.num_parts, size=2000)
         want_index = (rng.random(2000) * np.asarray(sizes)[want_parts]).astype(np.int64)

@@ -1,0 +1,1 @@
+"""The agent rank: its protocol with the trainers, the decision service and server, and the decision makers (deciders/)."""

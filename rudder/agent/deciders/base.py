@@ -1,0 +1,44 @@
+"""What a decision maker is: a class in the ``DECIDERS`` registry that turns one trainer's
+context into a ``Decision``; the agent's service keeps the contexts and logs the decisions."""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rudder.agent.protocol import Decision
+from rudder.registry import Registry
+
+DECIDERS = Registry()
+register_decider = DECIDERS.register
+
+
+@dataclass
+class TrainerContext:
+    """What the agent knows of one trainer: static facts, latest window, the last 5 outcomes."""
+    facts: dict
+    latest: dict = field(default_factory=dict)
+    history: deque = field(default_factory=lambda: deque(maxlen=5))
+    pending: dict | None = None  # the decision sent last, with the metrics it was made on
+    last_evicted: int = 0  # rows the trainer's most recent replacement evicted (however old)
+    abandoned: Callable[[], bool] = lambda: False  # true once the trainer no longer waits for this answer
+
+
+class Decider:
+    name = "?"
+    prompt_version = 0  # the version of its prompt templates, logged with the run (the llm's)
+
+    def __init__(self, cfg, threads: int = 1):
+        """``cfg``: the run config; ``threads``: the cores the agent rank may use."""
+        self.cfg = cfg
+
+    @classmethod
+    def check_inputs(cls, cfg, is_agent: bool) -> None:
+        """At start-up, on every rank (``is_agent``: this is the rank that will build it): what it
+        needs is there, or a one-line ValueError."""
+
+    def decide(self, ctx: TrainerContext) -> Decision:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass

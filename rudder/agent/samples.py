@@ -1,0 +1,22 @@
+"""Synthetic trainer contexts: what a decider is benchmarked on (bench/agent.py) and tested on
+when no run is at hand, with facts, a latest window and a history drawn at random."""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from rudder.agent.deciders.base import TrainerContext
+
+STATUSES = ("triggered", "skipped", "decision_no_evict")
+
+
+def random_context(rng: np.random.Generator) -> TrainerContext:
+    facts = {"world_rank": 0, "num_nodes": 2708, "num_edges": 10556, "partition": 1, "num_parts": 4, "batch_size": 16,
+             "total_minibatches": 300, "halo": 200, "capacity": 50}
+    history = [{"status": str(rng.choice(STATUSES)), "evicted": int(rng.integers(0, 20)),
+                "hitrate_delta": float(rng.normal()), "comm_delta": float(rng.normal())} for _ in range(rng.integers(0, 6))]
+    latest = {"counter": int(rng.integers(0, 300)), "epoch": 1, "step": 2, "remaining": int(rng.integers(0, 300)),
+              "hitrate": float(rng.integers(0, 100)), "comm_volume": float(rng.uniform(0, 100)),
+              "candidates": float(rng.integers(0, 50)), "refetched": float(rng.integers(0, 10))}
+    return TrainerContext(facts, latest, deque(history, maxlen=5))

@@ -1,0 +1,84 @@
+"""The decision service: requests in, decisions out, keeping each trainer's context (the last
+5 outcomes as the self-reflection history, spec 2.4) and logging every decision and outcome.
+No transport: the agent rank serves it over MPI (``rudder.agent.server``), the simulator in-process."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from rudder.agent.deciders import Decider, TrainerContext
+from rudder.agent.protocol import EVICT, IMPACTS, KEEP, WINDOW_METRICS, Decision
+from rudder.logs.schema import FALLBACKS
+
+
+class DecisionService:
+    def __init__(self, decider: Decider, log, delay: float = 0.0, contexts=None):
+        """``log``: where decisions and outcomes go (a RunLog, or the simulator's memory log);
+        ``contexts``: the trainers' contexts from a checkpoint, when the run is resumed."""
+        self.decider, self.log, self.delay = decider, log, delay
+        self.contexts: dict[int, TrainerContext] = dict(contexts or {})
+        self.decisions = 0
+
+    def hello(self, trainer: int, facts: dict) -> None:
+        if trainer in self.contexts:  # resumed: its history goes on
+            self.contexts[trainer].facts = facts
+        else:
+            self.contexts[trainer] = TrainerContext(facts)
+
+    def answer(self, trainer: int, req: dict) -> np.ndarray:
+        """The decision on request ``req`` (``REQUEST_FIELDS``) as a ``DECISION_FIELDS`` payload."""
+        ctx = self.contexts[trainer]
+        self.reflect(ctx, req)
+        ctx.latest = {k: req[k] for k in ("counter", "epoch", "step", "remaining", *WINDOW_METRICS)}
+        start = time.perf_counter()
+        if self.delay:  # --agent-delay: a deliberately slow decision maker (experiments, tests)
+            time.sleep(self.delay)
+        try:
+            if ctx.abandoned():  # finished while its request waited behind others': do not spend a decision on it
+                d = Decision(KEEP).fell_back("trainer_finished", "the trainer finished before the decision started")
+            else:
+                d = self.decider.decide(ctx)
+        except Exception as e:  # a decision maker's failure must never stop training
+            d = Decision(KEEP).fell_back("error", f"{type(e).__name__}: {e}")
+        latency = time.perf_counter() - start
+        ctx.pending = {"request": int(req["request"]), "decision": d.decision, "hitrate": req["hitrate"],
+                       "comm_volume": req["comm_volume"]}
+        self.decisions += 1
+        code = FALLBACKS.index(d.fallback)
+        self.log.append("decisions", {
+            "trainer": int(ctx.facts["world_rank"]), "request": int(req["request"]), "minibatch": int(req["counter"]),
+            "epoch": int(req["epoch"]), "remaining": int(req["remaining"]), "hitrate": req["hitrate"],
+            "comm_volume": req["comm_volume"], "decision": d.decision, "hitrate_impact": IMPACTS.index(d.hitrate_impact),
+            "comm_impact": IMPACTS.index(d.comm_impact), "latency": latency, "fallback": int(code != 0),
+            "fallback_code": code})
+        for name, text in (("prompt", d.prompt), ("answer", d.raw or d.explanation), ("fallback_reason", d.fallback_reason)):
+            self.log.append_ragged(name, np.frombuffer(text.encode(), dtype=np.uint8))
+        return np.array([req["request"], d.decision, IMPACTS.index(d.hitrate_impact), IMPACTS.index(d.comm_impact),
+                         latency, float(code)])
+
+    def reflect(self, ctx: TrainerContext, req: dict) -> None:
+        """Turn the pending decision into a history record with before/after deltas (spec 2.4)."""
+        p = ctx.pending
+        if p is None:
+            return
+        applied = int(req["prev_request"]) == p["request"] and req["prev_applied"] >= 0
+        evicted = int(req["prev_evicted"]) if applied else 0
+        if p["decision"] == EVICT:
+            status = "triggered" if evicted else "skipped"
+            ctx.last_evicted = evicted or ctx.last_evicted
+        else:
+            status = "decision_no_evict"
+        ctx.history.append({"status": status, "evicted": evicted, "hitrate_delta": req["hitrate"] - p["hitrate"],
+                            "comm_delta": req["comm_volume"] - p["comm_volume"],
+                            "before": {"hitrate": p["hitrate"], "comm_volume": p["comm_volume"]}})
+        if applied:
+            self.log.append("outcomes", {"trainer": int(ctx.facts["world_rank"]), "request": p["request"],
+                                         "applied_minibatch": int(req["prev_applied"]), "evicted": evicted,
+                                         "candidates": int(req["prev_candidates"])})
+        ctx.pending = None
+
+    def saved_contexts(self) -> dict:
+        """The contexts as a checkpoint keeps them."""
+        return {t: {"facts": c.facts, "history": list(c.history), "pending": c.pending, "last_evicted": c.last_evicted}
+                for t, c in self.contexts.items()}

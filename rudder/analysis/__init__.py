@@ -1,0 +1,1 @@
+"""Offline analysis of run logs (python -m rudder.analyze): no MPI here."""

@@ -1,0 +1,99 @@
+"""The analysis tool's output: the side-by-side table (each figure also as a ratio to a
+baseline run) and the JSON document's schema."""
+from __future__ import annotations
+
+import os
+
+from rudder.analysis.summary import TIMERS
+
+FIGURES = [  # (label, path into the summary, format[, scale]); text figures get no ratio
+    ("status", ("status",), "{}"),
+    ("ranks read", ("ranks_read",), "{} "),
+    ("policy", ("buffer", "policy"), "{}"),
+    ("epochs", ("epochs", "count"), "{} "),
+    ("training time s", ("epochs", "train_seconds"), "{:.3f}"),
+    ("epoch mean s", ("epochs", "mean_seconds"), "{:.3f}"),
+    ("epoch median s", ("epochs", "median_seconds"), "{:.3f}"),
+    ("sample s/epoch", ("time_breakdown", "t_sample"), "{:.3f}"),
+    ("fetch s/epoch", ("time_breakdown", "t_fetch"), "{:.3f}"),
+    ("wait s/epoch", ("time_breakdown", "t_wait"), "{:.3f}"),
+    ("compute s/epoch", ("time_breakdown", "t_forward_backward"), "{:.3f}"),
+    ("allreduce s/epoch", ("time_breakdown", "t_allreduce"), "{:.3f}"),
+    ("agent s/epoch/trainer", ("time_breakdown", "agent"), "{:.3f}"),
+    ("val accuracy", ("accuracy", "val"), "{:.4f}"),
+    ("test accuracy", ("accuracy", "test"), "{:.4f}"),
+    ("remote inputs/epoch", ("traffic", "remote_inputs_per_epoch"), "{:,.0f}"),
+    ("remote rows fetched/epoch", ("traffic", "remote_rows_fetched_per_epoch"), "{:,.0f}"),
+    ("RMA MiB/epoch", ("traffic", "rma_bytes_per_epoch"), "{:.2f}", 2**-20),
+    ("hit %", ("buffer", "hit_percent"), "{:.1f}"),
+    ("refills", ("buffer", "refills"), "{:,}"),
+    ("evictions", ("buffer", "evictions"), "{:,}"),
+    ("communication volume", ("buffer", "comm_volume"), "{:,}"),
+    ("rows fetched (all)", ("bound", "achieved_rows"), "{:,}"),
+    ("Belady MIN rows", ("bound", "min_rows"), "{:,}"),
+    ("infinite-buffer rows", ("bound", "infinite_rows"), "{:,}"),
+    ("fetched / MIN", ("bound", "achieved_over_min"), "{:.3f}"),
+    ("decisions", ("decisions", "count"), "{} "),
+    ("evict decisions", ("decisions", "evict"), "{} "),
+    ("fallback rate", ("decisions", "fallback_rate"), "{:.3f}"),
+    ("decision latency s", ("decisions", "latency_mean"), "{:.4f}"),
+    ("latency p95 s", ("decisions", "latency_p95"), "{:.4f}"),
+    ("request-to-apply gap", ("decisions", "gap_mean"), "{:.2f}"),
+    ("Pass@1 hit rate", ("decisions", "pass_at_1_hitrate", "value"), "{:.3f}"),
+    ("Pass@1 comm", ("decisions", "pass_at_1_comm", "value"), "{:.3f}"),
+]
+
+
+def get(summary: dict, path):
+    for key in path:
+        if not isinstance(summary, dict):
+            return None
+        summary = summary.get(key)
+    return summary
+
+
+def table(summaries: list[dict], baseline: dict | None) -> str:
+    names = [os.path.basename(s["run"].rstrip("/")) or s["run"] for s in summaries]
+    rows = [["figure", *names]]
+    for label, path, fmt, *scale in FIGURES:
+        cells = []
+        for s in summaries:
+            v = get(s, path)
+            if v is None:
+                cells.append("-")
+                continue
+            shown = v * scale[0] if scale and isinstance(v, (int, float)) else v
+            cell = fmt.format(shown)
+            base = get(baseline, path) if baseline is not None else None
+            if (isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(base, (int, float)) and base
+                    and not fmt.endswith(" ")):  # a trailing space marks counts that need no ratio
+                cell += f" ({v / base:.2f}x)"
+            cells.append(cell)
+        rows.append([label, *cells])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    for s in summaries:
+        for w in s["warnings"]:
+            lines.append(f"warning: {os.path.basename(s['run'].rstrip('/'))}: {w}")
+    if baseline is not None:
+        lines.append(f"(ratios: to baseline {baseline['run']})")
+    return "\n".join(lines)
+
+
+# The JSON document: {"runs": [summary, ...], "baseline": RUN or null}; a summary's keys:
+SCHEMA = {
+    "run": str, "status": str, "warnings": list, "config": dict, "layout": dict, "ranks_read": int,
+    "epochs": {"count": int, "train_seconds": float, "mean_seconds": (float, None), "median_seconds": (float, None)},
+    "time_breakdown": {**{t: (float, None) for t in TIMERS}, "agent": (float, None)},
+    "accuracy": {"val": (float, None), "test": (float, None)},
+    "traffic": {"input_rows_per_epoch": (float, None), "remote_inputs_per_epoch": (float, None),
+                "remote_rows_fetched_per_epoch": (float, None), "rma_bytes_per_epoch": (float, None)},
+    "buffer": {"policy": str, "capacity": int, "hits": int, "misses": int, "hit_percent": float, "refills": int,
+               "evictions": int, "replacements": int, "comm_volume": int, "hit_percent_by_epoch": list},
+    "bound": ({"achieved_rows": int, "min_rows": int, "infinite_rows": int, "achieved_over_min": (float, None)}, None),
+    "decisions": ({"decider": str, "count": int, "evict": int, "keep": int, "fallback_rate": float,
+                   "latency_mean": (float, None), "latency_p95": (float, None), "gap_mean": (float, None),
+                   "interval_mean": (float, None),
+                   "pass_at_1_hitrate": {"value": (float, None), "ci95": (float, None), "n": int},
+                   "pass_at_1_comm": {"value": (float, None), "ci95": (float, None), "n": int}}, None),
+}

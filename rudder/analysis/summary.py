@@ -1,0 +1,70 @@
+"""Every figure of one run, from the raw per-minibatch and per-epoch rows of its logs, as
+``rudder.logs.metrics`` defines them: per-epoch figures are over the timed epochs (2..E, or the
+only one); epoch time is the slowest trainer's, and the run's is their median."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from rudder.analysis.bound import optimal_bound
+from rudder.analysis.decisions import decision_quality
+from rudder.logs import metrics
+from rudder.logs.reader import Run
+
+TIMERS = ("t_sample", "t_fetch", "t_wait", "t_forward_backward", "t_allreduce", "t_update")
+
+
+def agent_seconds(run: Run, epochs: int) -> float | None:
+    """Decision time per trainer per epoch, spent on the agent ranks (not on the trainers' clock)."""
+    if not run.agents or not epochs:
+        return None
+    total = sum(float(a.decisions["latency"].sum()) for a in run.agents)
+    return total / len(run.ranks) / epochs
+
+
+def summarize(run: Run, data_dir: str | None = None) -> dict:
+    """One run's figures (one dict, JSON-ready; its keys: ``rudder.analysis.report.SCHEMA``)."""
+    cfg, ranks = run.config, run.ranks
+    epoch_tables = [r.epochs for r in ranks]
+    minibatch_tables = [r.minibatches for r in ranks]
+    complete = metrics.complete_epochs(epoch_tables)
+    timed = metrics.timed_epochs(complete)
+    all_seconds = metrics.slowest_seconds(epoch_tables, complete)
+    seconds = metrics.slowest_seconds(epoch_tables, timed)
+
+    def per_epoch(column) -> float | None:
+        return metrics.per_epoch_mean(minibatch_tables, column, timed)
+
+    mb = np.concatenate(minibatch_tables)
+    hits, misses = int(mb["hits"].sum()), int(mb["misses"].sum())
+    evaluated = [e for e in (r.epochs[~np.isnan(r.epochs["test_acc"])] for r in ranks) if e.size]
+    by_epoch = [metrics.hit_percent(int(h), int(m)) for h, m in zip(metrics.per_epoch(minibatch_tables, "hits", complete),
+                                                                      metrics.per_epoch(minibatch_tables, "misses", complete))]
+    return {
+        "run": os.path.abspath(run.path),
+        "status": "completed" if all(r.status == "completed" for r in ranks) and not run.warnings else "incomplete",
+        "warnings": list(run.warnings),
+        "config": cfg,
+        "layout": {k: ranks[0].layout[k] for k in ("world_size", "num_nodes", "num_trainers", "partition_mode",
+                                                   "threads_per_rank")},
+        "ranks_read": len(ranks),
+        "epochs": {"count": len(complete), "train_seconds": float(all_seconds.sum()),
+                   "mean_seconds": float(seconds.mean()) if seconds.size else None,
+                   "median_seconds": metrics.epoch_time(seconds)},
+        "time_breakdown": {**{t: (lambda v: None if v is None else v / len(ranks))(per_epoch(t)) for t in TIMERS},
+                           "agent": agent_seconds(run, len(complete))},
+        "accuracy": {"val": float(evaluated[0]["val_acc"][-1]) if evaluated else None,
+                     "test": float(evaluated[0]["test_acc"][-1]) if evaluated else None},
+        "traffic": {"input_rows_per_epoch": per_epoch("input_nodes"),
+                    "remote_inputs_per_epoch": per_epoch("input_remote"),
+                    "remote_rows_fetched_per_epoch": per_epoch(metrics.remote_rows_fetched),
+                    "rma_bytes_per_epoch": per_epoch("bytes_rma")},
+        "buffer": {"policy": cfg.get("policy", "none"), "capacity": int(sum(r.run.get("buffer_capacity", 0) for r in ranks)),
+                   "hits": hits, "misses": misses, "hit_percent": metrics.hit_percent(hits, misses),
+                   "refills": int(mb["refills"].sum()), "evictions": int(mb["evictions"].sum()),
+                   "replacements": int(((mb["replaced"] == 1) & (mb["refills"] > 0)).sum()),
+                   "comm_volume": int(mb["comm_volume"].sum()), "hit_percent_by_epoch": by_epoch},
+        "bound": optimal_bound(run, data_dir, int(metrics.remote_rows_fetched(mb).sum())),
+        "decisions": decision_quality(run) if run.agents else None,
+    }

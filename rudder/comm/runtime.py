@@ -1,0 +1,126 @@
+"""How a job ends: the same error on every rank, a failing rank taking the job down, and
+signals that stop training cleanly.
+
+* Errors every rank can see (bad flags, bad --data, a layout mismatch) are agreed on with one
+  allgather, so every rank exits with the same one-line message printed once, by rank 0.
+* Any other exception on any rank prints that rank's error and calls ``COMM_WORLD.Abort``, which
+  ends every rank of the job within a second under mpiexec and srun (instead of the others
+  waiting forever in the next collective).
+* SIGINT/SIGTERM (Ctrl-C under mpiexec, scancel or the time limit under Slurm) ask for a stop:
+  the request rides in the next gradient Allreduce, so all ranks stop after the same step and
+  close their logs. A second signal, or no clean stop within ``grace`` seconds, aborts at once.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+import numpy as np
+
+import rudder
+
+
+def find_mpiexec() -> str | None:
+    """The launcher beside this Python (the venv's, from the mpich extra), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+
+
+def require_thread_multiple() -> None:
+    """The pipeline thread issues Gets and Isends while the main thread is in Allreduce, which MPI
+    allows only at ``MPI_THREAD_MULTIPLE``: raise a one-line RuntimeError naming the MPI if it was
+    not granted (Cray MPICH grants it with MPICH_MAX_THREAD_SAFETY=multiple, set by jobscripts/)."""
+    from mpi4py import MPI
+
+    granted = MPI.Query_thread()
+    if granted != MPI.THREAD_MULTIPLE:
+        names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED", MPI.THREAD_SERIALIZED: "SERIALIZED"}
+        library = MPI.Get_library_version().splitlines()[0].strip()
+        raise RuntimeError(f"the MPI library ({library}) granted MPI_THREAD_{names.get(granted, granted)}, but Rudder needs "
+                           f"MPI_THREAD_MULTIPLE (on Cray MPICH: export MPICH_MAX_THREAD_SAFETY=multiple)")
+
+
+def library_versions() -> dict:
+    """The versions a run log records (read from the installed distributions: no library imported)."""
+    import h5py
+    from mpi4py import MPI
+
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "absent"
+
+    return {"rudder": rudder.__version__, "python": platform.python_version(), "numpy": np.__version__,
+            "torch": version("torch"), "dgl": version("dgl"), "mpi4py": version("mpi4py"),
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "h5py": h5py.__version__,
+            "hdf5": h5py.version.hdf5_version}
+
+
+def agree_on_error(comm, error: str | None) -> str | None:
+    """Collective: the first error any rank saw (prefixed with its rank when not all saw it)."""
+    errors = comm.allgather(error)
+    bad = [(rank, e) for rank, e in enumerate(errors) if e]
+    if not bad:
+        return None
+    rank, message = bad[0]
+    return message if len(bad) == len(errors) else f"rank {rank}: {message}"
+
+
+def abort_job(exc: BaseException | None, message: str = "", log=None, code: int = 1):
+    """Print this rank's error, mark its log failed, and abort every rank of the job."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    where = f"rank {world.rank} ({socket.gethostname()}, pid {os.getpid()})"
+    if exc is not None:
+        text = "".join(traceback.format_exception(exc))
+        message = message or f"{type(exc).__name__}: {exc}"
+        sys.stderr.write(f"{text}")
+    sys.stderr.write(f"train.py: error on {where}: {message}; aborting the job\n")
+    sys.stderr.flush()
+    if log is not None:
+        try:
+            log.close("failed", f"{where}: {message}")
+        except Exception as e:  # the log must not stop the abort
+            sys.stderr.write(f"train.py: {where}: could not finalise log {log.path}: {e}\n")
+    world.Abort(code)
+
+
+class StopRequest:
+    """Call it to learn whether a stop was requested; ``signum``/``signame`` say which signal."""
+
+    def __init__(self, on_force, grace: float = 15.0):
+        self.signum, self.signame = 0, None
+        self.on_force, self.grace, self.timer = on_force, grace, None
+        self.previous: dict = {}
+
+    def install(self) -> StopRequest:
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __call__(self) -> bool:
+        return self.signame is not None
+
+    def _handle(self, signum, frame):
+        if self.signame is not None:  # asked twice: stop now
+            self.on_force(f"second signal {signal.Signals(signum).name}")
+            return
+        self.signum, self.signame = signum, signal.Signals(signum).name
+        self.timer = threading.Timer(self.grace, self.on_force, args=(f"no clean stop {self.grace:.0f} s after {self.signame}",))
+        self.timer.daemon = True
+        self.timer.start()
+
+    def stopped_cleanly(self) -> None:
+        """The job stopped in time: no forced abort any more, and the signals handled as before."""
+        if self.timer is not None:
+            self.timer.cancel()
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,58 @@
+"""Rows indexed by global node ID, served to every trainer through one-sided MPI: the node
+features, and (during layer-wise evaluation) each layer's hidden embeddings.
+
+Partition p's rows are exposed by one trainer: partition p's own trainer in ``trainer`` mode,
+the lowest trainer of the node in ``node`` mode (its node peers expose nothing and read the
+partition through shared memory). A gather maps global IDs to (partition, row) through the
+contiguous ID ranges and reads them through ``DistributedArray``: own segment or same-node
+shared memory by a row copy, other nodes by RMA Gets plus one Flush per owner. Every call
+returns its counters (rows and bytes by path, owners touched, RMA time) for the per-minibatch log.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from rudder.comm.dist_array import DistributedArray, ReadStats
+from rudder.comm.layout import exposer_table
+from rudder.data.partition_store import PartitionMeta, read_features
+
+
+class NodeRows:
+    """A ``DistributedArray`` with one segment per partition, addressed by global node ID."""
+
+    def __init__(self, meta: PartitionMeta, rows: DistributedArray):
+        self.meta, self.rows = meta, rows
+        self.offsets = np.asarray(meta.offsets, dtype=np.int64)
+        self.dim = rows.row_shape[0] if rows.row_shape else 1
+
+    @property
+    def own(self) -> np.ndarray:
+        return self.rows.own
+
+    @property
+    def views(self) -> dict:
+        return self.rows.views
+
+    def gather(self, gids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None,
+               spare: bool = False) -> tuple[np.ndarray, ReadStats]:
+        """Rows of global IDs ``gids`` (any order, repeats allowed), into ``out`` if given, at
+        its rows ``at`` if given (else its first rows); ``spare``: ``out``'s other rows may be
+        overwritten (``DistributedArray.read``)."""
+        gids = np.asarray(gids, dtype=np.int64)
+        parts = self.meta.owner_of(gids)
+        return self.rows.read(parts, gids - self.offsets[parts], out, at, spare)
+
+    def close(self) -> None:
+        """Collective over the trainers."""
+        self.rows.close()
+
+
+class FeatureStore(NodeRows):
+    """The node features of every partition (float32, ``meta.feat_dim`` wide)."""
+
+    def __init__(self, layout, meta: PartitionMeta, data_dir: str, exposer: np.ndarray | None = None,
+                 gets: str = "auto"):
+        exposer = exposer_table(layout, meta.num_parts) if exposer is None else exposer
+        super().__init__(meta, DistributedArray(
+            layout.trainers, [p.num_owned for p in meta.parts], exposer, layout.partition_id, np.float32,
+            (meta.feat_dim,), fill=lambda own: read_features(data_dir, layout.partition_id, meta, out=own), gets=gets))

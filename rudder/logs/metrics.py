@@ -1,0 +1,89 @@
+"""The figures of a run, each defined once, over the log's rows (``rudder.logs.schema``).
+
+The trainer's end-of-run summary, ``rudder.analyze``, the evaluation harness and the simulator
+all compute their figures with these functions, so a number means the same wherever it appears:
+
+* **epoch time**: per epoch the slowest trainer's ``seconds``; the figure is the median over the
+  timed epochs, which are epochs 2..E (the first warms up), or the only one;
+* **remote rows fetched**: remote input rows the buffer did not hold, plus the rows refills
+  brought in: ``input_remote - hits + refills`` (every remote feature row that crossed to a trainer);
+* **communication volume** (the paper's): cacheable misses plus refills, ``misses + refills``;
+  it leaves out remote inputs a buffer may not hold (with the halo scope, those beyond one hop);
+* **hit %**: hits over cacheable lookups, ``100 hits / (hits + misses)``; the paper's per-minibatch
+  figure is the same ratio, cumulative and rounded to an integer.
+
+Functions take structured arrays (or rows) with the schema's field names, so they work on
+minibatch rows, epoch rows (which carry the same sums) and the simulator's columns alike.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def remote_rows_fetched(rows) -> np.ndarray:
+    """Remote feature rows each row (minibatch or epoch) fetched: misses of any remote input plus refills."""
+    return rows["input_remote"] - rows["hits"] + rows["refills"]
+
+
+def comm_volume(misses, refills):
+    """The paper's communication volume: cacheable misses plus refills."""
+    return misses + refills
+
+
+def hit_percent(hits: int, misses: int) -> float:
+    """Hits over cacheable lookups, in percent (0 with no lookup)."""
+    looked = hits + misses
+    return 100.0 * hits / looked if looked else 0.0
+
+
+def paper_hit_percent(hits: int, misses: int) -> int:
+    """The paper's per-minibatch figure: cumulative %-hits rounded to an integer."""
+    looked = hits + misses
+    return int(round(100 * hits / looked)) if looked else 0
+
+
+def complete_epochs(epoch_tables: list[np.ndarray]) -> list[int]:
+    """Epochs every trainer completed, in order (``epoch_tables``: each trainer's epoch rows)."""
+    if not epoch_tables:
+        return []
+    done = [set(t["epoch"][t["complete"] == 1].tolist()) for t in epoch_tables]
+    return sorted(set.intersection(*done))
+
+
+def timed_epochs(epochs: list[int]) -> list[int]:
+    """The epochs an epoch time is taken over: all but the first (warm-up), or the only one."""
+    return list(epochs[1:]) if len(epochs) > 1 else list(epochs)
+
+
+def slowest_seconds(epoch_tables: list[np.ndarray], epochs: list[int]) -> np.ndarray:
+    """Per epoch, the slowest trainer's seconds (an epoch ends when its last trainer does)."""
+    return np.array([max(float(t["seconds"][t["epoch"] == e][0]) for t in epoch_tables) for e in epochs])
+
+
+def epoch_time(seconds) -> float | None:
+    """THE epoch time: the median of per-epoch (slowest-trainer) seconds over the timed epochs."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    return float(np.median(seconds)) if seconds.size else None
+
+
+def run_epoch_time(epoch_tables: list[np.ndarray]) -> float | None:
+    """The epoch time of a run from its trainers' epoch rows."""
+    return epoch_time(slowest_seconds(epoch_tables, timed_epochs(complete_epochs(epoch_tables))))
+
+
+def per_epoch(tables: list[np.ndarray], column, epochs: list[int]) -> np.ndarray:
+    """Per epoch: ``column`` (a field name, or a function of the rows) summed over every trainer's
+    rows of that epoch (``tables``: each trainer's minibatch or epoch rows)."""
+    values = column if callable(column) else (lambda rows: rows[column])
+    return np.array([sum(float(values(t)[t["epoch"] == e].sum()) for t in tables) for e in epochs], dtype=np.float64)
+
+
+def per_epoch_mean(tables: list[np.ndarray], column, epochs: list[int]) -> float | None:
+    """``per_epoch`` averaged over ``epochs`` (None without any)."""
+    sums = per_epoch(tables, column, epochs)
+    return float(sums.mean()) if sums.size else None
+
+
+def remote_rows_per_epoch(tables: list[np.ndarray], epochs: list[int]) -> float | None:
+    """Remote rows fetched per epoch, all trainers, averaged over ``epochs`` (use ``timed_epochs``)."""
+    return per_epoch_mean(tables, remote_rows_fetched, epochs)

@@ -1,0 +1,161 @@
+"""A minibatch's input feature matrix, with or without a buffer, behind one interface:
+``assemble(input_nodes, future) -> (x, AssemblyStats)``.
+
+``UncachedFeatures`` reads every row from the feature store. ``CachedFeatures`` wraps the store
+the way GraphBolt's ``CPUCachedFeature`` wraps a ``Feature``: it drives a buffer through its
+protocol (``rudder.prefetch.buffers``): look the input nodes up, let the policy decide, replace,
+then fetch everything else, the refills of a replacement included, in ONE request to the store
+(own and same-node rows by shared memory, the rest by RMA), copy the hits, and settle. The result
+is bit-identical to a plain gather whatever the policy; the stats are the per-minibatch metrics
+(spec 1.10) plus timings.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from rudder.comm.dist_array import ReadStats, take_rows
+from rudder.logs import metrics
+from rudder.prefetch.buffers import BufferSettings, PrefetchBuffer
+from rudder.prefetch.observation import MinibatchView
+from rudder.prefetch.policies import ASKERS, Policy
+
+
+@dataclass
+class AssemblyStats:
+    fetch: ReadStats  # everything this minibatch read from the store (misses + refills)
+    hits: int = 0
+    misses: int = 0  # admissible (cacheable) inputs not in the buffer
+    refills: int = 0  # rows a replacement fetched into the buffer (extra traffic)
+    evictions: int = 0  # rows that entered the buffer (and as many left)
+    candidates: int = 0  # eviction candidates when the policy decided
+    refetched: int = 0  # misses that the last replacement had evicted
+    replaced: bool = False  # a replacement was asked for on this minibatch
+    asked_by: int = 0  # who asked (rudder.prefetch.policies.ASKERS)
+    occupancy: int = 0  # buffer slots holding a real row, after this minibatch
+    hit_total: int = 0  # cumulative since the start (spec 1.10)
+    miss_total: int = 0
+    t_lookup: float = 0.0  # lookup and the policy's decision
+    t_replace: float = 0.0  # the buffer's bookkeeping, replacement and settling
+    t_gather: float = 0.0  # the store's read and the hits' copy
+
+    @property
+    def comm_volume(self) -> int:
+        return metrics.comm_volume(self.misses, self.refills)
+
+    @property
+    def hit_percent(self) -> int:
+        return metrics.paper_hit_percent(self.hit_total, self.miss_total)
+
+
+class UncachedFeatures:
+    """Every input row from the store (``--policy none``)."""
+
+    buffer = None
+
+    def __init__(self, store):
+        self.store, self.counter = store, 0
+
+    def fill(self) -> ReadStats:
+        return ReadStats()
+
+    def assemble(self, input_nodes: np.ndarray, future: list[np.ndarray] = ()) -> tuple[np.ndarray, AssemblyStats]:
+        t = time.perf_counter()
+        x, fetch = self.store.gather(input_nodes)
+        self.counter += 1
+        return x, AssemblyStats(fetch, t_gather=time.perf_counter() - t)
+
+    def state_dict(self) -> dict:
+        return {"counter": self.counter}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.counter = state["counter"]
+
+
+class CachedFeatures:
+    def __init__(self, store, buffer: PrefetchBuffer, policy: Policy, compat: bool = False, shared=None):
+        """``compat``: fetch refills and misses as the reference does (a refill that is also a miss
+        twice); ``shared``: a ``NodeSharedArrays`` when the node's trainers share this buffer."""
+        self.store, self.buffer, self.policy, self.compat, self.shared = store, buffer, policy, compat, shared
+        self.counter = self.hit_total = self.miss_total = 0
+        self.lock = shared.lock if shared is not None else contextlib.nullcontext
+        self.init_stats = ReadStats()
+
+    def fill(self) -> ReadStats:
+        """The initial bulk fetch (one request; by one trainer of a node when they share the
+        buffer, collective over them then)."""
+        if self.shared is None or self.shared.comm.rank == 0:
+            slots, ids = self.buffer.initial_rows()
+            rows, self.init_stats = self.store.gather(ids)
+            self.buffer.features[slots] = rows
+        if self.shared is not None:
+            self.shared.comm.Barrier()
+        return self.init_stats
+
+    def state_dict(self) -> dict:
+        return {"counter": self.counter, "hit_total": self.hit_total, "miss_total": self.miss_total,
+                "buffer": self.buffer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.counter, self.hit_total, self.miss_total = state["counter"], state["hit_total"], state["miss_total"]
+        self.buffer.load_state_dict(state["buffer"])
+
+    def assemble(self, nodes: np.ndarray, future: list[np.ndarray] = ()) -> tuple[np.ndarray, AssemblyStats]:
+        """Feature rows of ``nodes`` (unique global IDs); ``future``: the next minibatches' input
+        nodes, nearest first (what a lookahead buffer ranks by)."""
+        buf, shared = self.buffer, self.shared is not None
+        x = np.empty((nodes.size, self.store.dim), dtype=np.float32)
+        t0 = time.perf_counter()
+        with self.lock():  # a shared buffer: the hits are copied before anyone changes a slot
+            look = buf.lookup(nodes)
+            hits = look.hits
+            view = MinibatchView(self.counter, hits, look.misses, look.candidates,
+                                 metrics.paper_hit_percent(self.hit_total + hits, self.miss_total + look.misses),
+                                 look.refetched)
+            asked = bool(self.policy.wants_replacement(view))
+            t1 = time.perf_counter()
+            rep = buf.replace(look, asked, pending=shared)
+            if shared:
+                take_rows(buf.features, look.slots, x, np.flatnonzero(look.hit))
+        t2 = time.perf_counter()
+        miss_at = np.flatnonzero(~look.hit)
+        missed = nodes[miss_at]
+        refill_ids = rep.inserted if rep is not None else np.zeros(0, dtype=np.int64)
+        refill_rows = None
+        if refill_ids.size == 0:  # the common case: misses land straight in their rows of x
+            # (a buffer of this trainer's own: its hits are copied after, so the fetch may spare them)
+            _, fetch = self.store.gather(missed, out=x, at=miss_at, spare=not shared)
+        elif self.compat:  # the reference's merged request: refills, then misses
+            rows, fetch = self.store.gather(np.concatenate([refill_ids, missed]))
+            x[miss_at] = rows[refill_ids.size:]
+            refill_rows = rows[:refill_ids.size]
+        else:  # one request too, but a refill that is also a miss is fetched once
+            request, where = np.unique(np.concatenate([refill_ids, missed]), return_inverse=True)
+            rows, fetch = self.store.gather(request)
+            refill_rows = rows[where[:refill_ids.size]]
+            x[miss_at] = rows[where[refill_ids.size:]]
+        if not shared:  # before settling changes any slot
+            take_rows(buf.features, look.slots, x, np.flatnonzero(look.hit))
+        t3 = time.perf_counter()
+        with (self.lock() if rep is not None else contextlib.nullcontext()):
+            entered = buf.settle(look, rep, refill_rows, x, list(future))
+        refills = int(rep.slots.size) if rep is not None else 0
+        self.policy.observe(view, refills)
+        self.counter += 1
+        self.hit_total += hits
+        self.miss_total += look.misses
+        return x, AssemblyStats(fetch, hits, look.misses, refills, entered, look.candidates, look.refetched, asked,
+                                ASKERS[self.policy.asker] if asked else 0, buf.occupancy, self.hit_total,
+                                self.miss_total, t1 - t0, t2 - t1 + time.perf_counter() - t3, t3 - t2)
+
+
+def feature_source(store, policy: Policy, settings: BufferSettings, partition, num_nodes: int, rng: np.random.Generator,
+                   shared=None) -> UncachedFeatures | CachedFeatures:
+    """The store itself, or the store behind the buffer ``policy`` asks for (``buffer_class``)."""
+    if policy.buffer_class is None:
+        return UncachedFeatures(store)
+    buffer = policy.buffer_class.build(settings, partition, num_nodes, store.dim, rng, shared)
+    return CachedFeatures(store, buffer, policy, settings.compat, shared)

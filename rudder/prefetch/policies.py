@@ -1,0 +1,236 @@
+"""Buffer policies: each answers one question per minibatch, "replace now?", from what it sees;
+its buffer (``buffer_class``) does the how. A policy is one class and one ``@register`` line.
+
+    none       no buffer: every remote row is fetched (the DistDGL baseline)
+    static     fill once (by --buffer-init), never replace (MassiveGNN with delta = alpha = 0)
+    fixed      replace every --delta minibatches, counted across epochs (MassiveGNN, "DistDGL+fixed")
+    heuristic  ask the node's agent rank, which applies the paper's prompt rules (rudder.agent)
+    classifier ask the node's agent rank, where a model trained offline decides
+    llm        ask the node's agent rank, where a small LLM decides in context
+    lookahead  sample --lookahead W minibatches ahead and keep, of the buffer and this minibatch's
+               fetched rows, those needed soonest within the window (Belady inside the window;
+               the clairvoyant design point of RapidGNN/Ginex)
+    replay     replace at the minibatches where an earlier run (--replay RUN) replaced: the same
+               buffer work without its decision maker (to price an agent's overhead)
+
+A policy sees a ``PolicyContext`` (the trainer's facts, its log, its rank, the steps per epoch
+and a way to open the agent link), never the trainer: the simulator builds the same context.
+``fixed --collect-traces`` is the classifiers' collection mode (``trace_collection``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rudder.agent.deciders import DECIDERS
+from rudder.agent.protocol import EVICT, DecisionLink
+from rudder.logs.reader import LogError, trainer_table
+from rudder.logs.schema import CLASSIFIER_TRACE_ROW
+from rudder.prefetch.buffers import PrefetchBuffer
+from rudder.prefetch.observation import MinibatchView, window_metrics
+from rudder.prefetch.scored_buffer import ScoredBuffer
+from rudder.prefetch.trace_collection import TraceCollector
+from rudder.prefetch.window_buffer import WindowBuffer
+from rudder.registry import Registry
+
+POLICIES = Registry()
+register = POLICIES.register
+# Who asked for a replacement, as logged per minibatch (``asked_by``).
+ASKERS = {"": 0, "timer": 1, "agent": 2, "classifier": 3, "replay": 4, "policy": 5}
+
+
+@dataclass
+class PolicyContext:
+    """What a policy may use of the trainer it steers, fixed once the trainer is built."""
+    facts: dict  # rudder.agent.protocol.trainer_facts
+    log: object  # the trainer's log (``append`` rows of the tables the policy declared)
+    trainer_rank: int
+    steps_per_epoch: int
+    open_agent_link: Callable[[int, int], DecisionLink] | None = None  # (window, latency) -> link
+
+
+class Policy:
+    name = "?"
+    asker = "policy"  # what ``asked_by`` records when this policy asks for a replacement
+    buffer_class: type[PrefetchBuffer] | None = ScoredBuffer  # None: no buffer
+    lookahead = 0  # minibatches the sampler must run ahead
+    needs_agent = False  # an agent rank per node serves this policy's decisions
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    @classmethod
+    def check_inputs(cls, cfg, is_agent: bool) -> None:
+        """Before anyone trains, on every rank: the files, servers or runs this policy needs are
+        there (a one-line ValueError if not)."""
+
+    def log_tables(self) -> dict:
+        """Tables this policy adds to the trainer's log (name: row dtype)."""
+        return {}
+
+    def start(self, ctx: PolicyContext) -> None:
+        """Once the trainer is built, before the first minibatch."""
+
+    def wants_replacement(self, view: MinibatchView) -> bool:
+        return False
+
+    def observe(self, view: MinibatchView, refills: int) -> None:
+        """After the minibatch was served (``refills``: rows a replacement brought in)."""
+
+    def state_dict(self) -> dict:
+        """What a checkpoint must keep of this policy (taken between two minibatches)."""
+        return {}
+
+    def on_checkpoint(self, counter: int) -> None:
+        """A checkpoint is being taken after minibatch ``counter`` (from the pipeline thread)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@register("none")
+class NoBuffer(Policy):
+    buffer_class = None
+
+
+@register("static")
+class Static(Policy):
+    pass
+
+
+@register("fixed")
+class Fixed(Policy):
+    asker = "timer"
+    collector = None
+
+    def log_tables(self) -> dict:
+        return {"classifier_trace": CLASSIFIER_TRACE_ROW} if self.cfg.buffer.collect_traces else {}
+
+    def start(self, ctx: PolicyContext) -> None:
+        if self.cfg.buffer.collect_traces:
+            self.collector = TraceCollector(ctx.facts, self.cfg.agent.window, ctx.log)
+
+    def wants_replacement(self, view: MinibatchView) -> bool:
+        return view.counter % self.cfg.buffer.delta == 0
+
+    def observe(self, view: MinibatchView, refills: int) -> None:
+        if self.collector is not None:
+            self.collector.observe(view, self.wants_replacement(view), refills)
+
+    def state_dict(self) -> dict:
+        return self.collector.state_dict() if self.collector is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.collector is not None:
+            self.collector.load_state_dict(state)
+
+
+@register("replay")
+class Replay(Policy):
+    asker = "replay"
+
+    @classmethod
+    def check_inputs(cls, cfg, is_agent: bool) -> None:
+        try:
+            trainer_table(cfg.buffer.replay, 0)
+        except LogError as e:
+            raise ValueError(f"--replay {e}") from None
+
+    def start(self, ctx: PolicyContext) -> None:
+        self.at = replacement_minibatches(self.cfg.buffer.replay, ctx.trainer_rank, ctx.steps_per_epoch)
+
+    def wants_replacement(self, view: MinibatchView) -> bool:
+        return view.counter in self.at
+
+
+@register("lookahead")
+class Lookahead(Policy):
+    buffer_class = WindowBuffer
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.lookahead = cfg.buffer.lookahead
+
+
+class AgentPolicy(Policy):
+    """Replace when the node's agent says so (``rudder.agent``): each minibatch, look for its
+    answer (``DecisionLink.poll``), apply an "evict" on this minibatch, and send a fresh window of
+    metrics whenever no decision is outstanding."""
+    asker = "agent"
+    needs_agent = True
+
+    @classmethod
+    def check_inputs(cls, cfg, is_agent: bool) -> None:
+        DECIDERS[cls.name].check_inputs(cfg, is_agent)  # the decider of the same name serves it
+
+    def start(self, ctx: PolicyContext) -> None:
+        self.link = ctx.open_agent_link(self.cfg.agent.window, self.cfg.agent.latency)
+        self.steps_per_epoch, self.total = ctx.steps_per_epoch, ctx.facts["total_minibatches"]
+        self.applying = None  # (request id, evict?) of the answer found on this minibatch
+
+    def wants_replacement(self, view: MinibatchView) -> bool:
+        answer = self.link.poll()
+        self.applying = None
+        if answer is None:
+            return False
+        self.link.drop_stale()  # metrics gathered while the agent thought
+        self.applying = (int(answer[0]), int(answer[1]) == EVICT)
+        return self.applying[1]
+
+    def observe(self, view: MinibatchView, refills: int) -> None:
+        if self.applying is not None:
+            self.link.record_outcome(self.applying[0], view.counter, refills, view.candidates)
+            if self.applying[1]:
+                return  # a minibatch that acted on "evict" sends nothing (its stats are stale)
+        self.link.observe(window_metrics(view, refills))
+        epoch, step = divmod(view.counter, self.steps_per_epoch)
+        self.link.maybe_request(view.counter, epoch, step, self.total - view.counter - 1)
+
+    def state_dict(self) -> dict:
+        return self.link.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.link.load_state_dict(state)
+
+    def on_checkpoint(self, counter: int) -> None:
+        self.link.checkpoint(counter)  # the agent saves its contexts too
+
+    def close(self) -> None:
+        self.link.close()
+
+
+@register("heuristic")
+class HeuristicAgent(AgentPolicy):
+    pass
+
+
+@register("classifier")
+class ClassifierAgent(AgentPolicy):
+    asker = "classifier"
+
+
+@register("llm")
+class LLMAgent(AgentPolicy):
+    pass
+
+
+def replacement_minibatches(run_dir: str, trainer_rank: int, steps_per_epoch: int) -> set[int]:
+    """The minibatch counters at which trainer ``trainer_rank`` of an earlier run replaced."""
+    try:
+        run, mb = trainer_table(run_dir, trainer_rank)
+    except LogError as e:
+        raise ValueError(f"--replay {e}") from None
+    if run["steps_per_epoch"] != steps_per_epoch:
+        raise ValueError(f"--replay {run_dir}: {run['steps_per_epoch']} steps per epoch there, "
+                         f"{steps_per_epoch} here (replay needs the same data, batch size and ranks)")
+    replaced = mb[mb["replaced"] == 1]
+    return set((replaced["epoch"].astype(np.int64) * steps_per_epoch + replaced["step"]).tolist())
+
+
+def make_policy(cfg) -> Policy:
+    return POLICIES[cfg.buffer.policy](cfg)

@@ -1,0 +1,127 @@
+"""``python -m rudder.simulate``: the simulator's command line (docs/simulator.md).
+
+    python -m rudder.simulate --data PARTS [--policies none,static,fixed,lookahead,heuristic] [--epochs 3]
+        [--batch-size B] [--fanouts 10,25] [--buffer-fraction 0.25] [--machine perlmutter-gpu] [--out FILE.json]
+    python -m rudder.simulate --validate RUN
+
+Run options are drivers/train.py's own (the same declarations, ``rudder.train.config``), with
+the simulator's defaults: 3 epochs, and agent answers applied one minibatch after their request.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from rudder.data.partition_store import PartitionFormatError
+from rudder.logs.reader import LogError
+from rudder.prefetch.policies import POLICIES
+from rudder.sim.machine import MACHINES
+from rudder.sim.simulate import __doc__ as SIMULATOR_DOC
+from rudder.sim.simulate import simulate, summarize, table
+from rudder.sim.transport import Graph
+from rudder.sim.validate import validate
+from rudder.train import options
+from rudder.train.config import ConfigError, TrainConfig
+
+SECTIONS = ("model", "sampling", "training", "buffer", "agent")
+DEFAULTS = {"epochs": 3, "agent_latency": 1}
+NOT_SIMULATED = ("prefetch_depth", "eval_every", "eval_batch_size", "device", "collect_traces", "replay", "agent_delay",
+                 "agent_cores")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = options.Parser(prog="python -m rudder.simulate", description=SIMULATOR_DOC,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", help="partition directory (python -m partitioning); one simulated trainer per partition")
+    ap.add_argument("--validate", metavar="RUN", help="re-simulate a drivers/train.py run and compare its logs")
+    ap.add_argument("--policies", default="none,static,fixed,lookahead,heuristic",
+                    help="comma-separated policies (--policy of train.py); LABEL=POLICY:FLAG=V:... sets per-policy flags")
+    ap.add_argument("--machine", default="perlmutter-gpu", choices=[*MACHINES, "none"],
+                    help="the time model (docs/simulator.md); none: rows only")
+    ap.add_argument("--ranks-per-node", type=int, default=0, help="trainers per node (default: the machine's)")
+    ap.add_argument("--feat-dim", type=int, default=0, help="feature width for bytes and flops (default: the data's)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", help="write the summary as JSON here")
+    options.add_arguments(ap, TrainConfig, DEFAULTS, SECTIONS, skip=NOT_SIMULATED)
+    return ap
+
+
+def parse_policies(text: str, base: TrainConfig) -> dict[str, dict]:
+    """"none,fixed,f1=fixed:delta=1" -> {label: flat option overrides}, each checked as train.py checks it."""
+    known = options.by_name(TrainConfig)
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        label, _, spec = item.partition("=") if "=" in item.split(":")[0] else (item.split(":")[0], "", item)
+        name, *flags = spec.split(":")
+        if name not in POLICIES:
+            raise ConfigError(f"--policies {item!r}: {name!r} is not one of {', '.join(POLICIES)}")
+        overrides = {"policy": name} if name == "classifier" else {"policy": name, "classifier_model": ""}
+        for flag in flags:
+            key, _, value = flag.partition("=")
+            key = key.replace("-", "_")
+            if key not in known or not value:
+                raise ConfigError(f"--policies {item!r}: {flag!r} is not FLAG=VALUE with a train.py flag")
+            kind = known[key].kind
+            try:
+                overrides[key] = [int(v) for v in value.split("/")] if kind is list else kind(value)
+            except ValueError:
+                raise ConfigError(f"--policies {item!r}: {flag!r}: expected {options.KIND_WORDS[kind]}") from None
+        base.replace(**overrides).check()
+        out[label] = overrides
+    if not out:
+        raise ConfigError("--policies: expected at least one policy")
+    return out
+
+
+def main(argv=None) -> int:
+    args = vars(parser().parse_args(argv))
+    sim = {k: args.pop(k) for k in ("data", "validate", "policies", "machine", "ranks_per_node", "feat_dim", "workers", "out")}
+    try:
+        if sim["validate"]:
+            t = time.time()
+            compared, bad = validate(sim["validate"], sim["workers"])
+            for line in bad[:20]:
+                print(line)
+            verdict = "MISMATCH" if bad else "match"
+            print(f"{sim['validate']}: {compared} minibatches compared, {verdict} ({time.time() - t:.1f} s)")
+            return 1 if bad else 0
+        if not sim["data"]:
+            raise ConfigError("--data: expected a partition directory (or --validate RUN)")
+        values = {**DEFAULTS, **{k: v for k, v in args.items() if v is not None}}
+        base = TrainConfig.from_flat({**values, "data": os.path.abspath(sim["data"]), "run_dir": "(simulated)"})
+        options.check_options(base)
+        if base.agent.latency < 1:
+            raise ConfigError(f"--agent-latency {base.agent.latency}: expected a positive number of minibatches")
+        policies = parse_policies(sim["policies"], base)
+        machine = None if sim["machine"] == "none" else MACHINES[sim["machine"]]
+        if machine is not None and sim["ranks_per_node"]:
+            machine = dataclasses.replace(machine, ranks_per_node=sim["ranks_per_node"])
+        t = time.time()
+        graph = Graph(base.data.path)
+        epochs = base.training.epochs
+        print(f"{graph.meta.dataset}: {graph.meta.num_nodes:,} nodes, {graph.meta.num_edges:,} edges, "
+              f"{graph.meta.num_parts} partitions (read in {time.time() - t:.1f} s); {epochs} epochs; "
+              f"policies {', '.join(policies)}; machine {sim['machine']}", flush=True)
+
+        def progress(done, total):
+            if done == total or done % max(1, total // 10) == 0:
+                print(f"  {done}/{total} trainers simulated ({time.time() - t:.0f} s)", flush=True)
+
+        result = simulate(base, policies, machine, sim["feat_dim"] or None, sim["workers"], graph, progress)
+        summary = summarize(result, epochs, machine)
+        summary.update(data=base.data.path, dataset=graph.meta.dataset, config=json.loads(base.to_json()),
+                       seconds=time.time() - t)
+        print(f"{summary['parts']} trainers, {summary['steps_per_epoch']} steps/epoch of {summary['batch_size']} seeds; "
+              f"rows = remote feature rows fetched per epoch, all trainers, epochs {summary['epochs_counted']}")
+        print(table(summary))
+        if sim["out"]:
+            with open(sim["out"], "w") as f:
+                json.dump(summary, f, indent=1)
+        return 0
+    except (ConfigError, PartitionFormatError, LogError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

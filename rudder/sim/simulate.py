@@ -1,0 +1,235 @@
+"""Trace-driven simulation of the buffer policies at any partition count: no MPI, no features.
+
+Each partition of a partition directory is one simulated trainer (``--partition-mode trainer``).
+It runs the same minibatch schedule, the same keyed neighbour sampler and the same
+feature assembly (``rudder.prefetch.assembly``) with the same policy class as a trainer rank of ``drivers/train.py``; only
+the transport differs: the graph's in-edge CSR is one in-memory array instead of RMA windows,
+and feature rows are counted instead of read. So, for the same flags and seed, the per-minibatch
+counts (input and remote nodes, hits, misses, refills, replacements, remote rows fetched) equal
+a real run's exactly; ``--validate RUN`` re-simulates a run from its logs and compares them.
+
+Agent policies (heuristic, classifier, llm) ask an in-process ``DecisionService`` (the agent's
+own code) whose answer is applied ``--agent-latency`` minibatches after the request, as a real
+run with the same ``--agent-latency`` does; a run without one applied answers whenever they
+arrived, so ``--validate`` replays its replacements to check its buffer mechanics exactly.
+
+Times are modelled, not measured (``docs/simulator.md``); per minibatch and trainer:
+  comm    = alpha x (owners read off-node) + bytes off-node / beta + bytes on-node / beta_node,
+            for the sampler's CSR reads and for the feature fetch (misses and refills);
+  compute = GraphSAGE forward+backward flops / rate + a fixed cost per step;
+a step takes the slowest trainer's comm + compute (``no overlap``), or its max(comm, compute)
+(``overlap``: the pipeline prepares the next minibatch during this one's compute), plus a ring
+allreduce of the gradients; an epoch is the sum of its steps, and the epoch time is the
+median over epochs 2..E (``rudder.logs.metrics``).
+
+    python -m rudder.simulate --data PARTS [--policies none,static,fixed,lookahead,heuristic] [--epochs 3]
+        [--batch-size B] [--fanouts 10,25] [--buffer-fraction 0.25] [--machine perlmutter-gpu] [--out FILE.json]
+    python -m rudder.simulate --validate RUN
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+from dataclasses import dataclass
+
+import numpy as np
+
+from rudder.agent.deciders import make_decider
+from rudder.agent.protocol import trainer_facts
+from rudder.agent.service import DecisionService
+from rudder.logs import metrics
+from rudder.prefetch.assembly import feature_source
+from rudder.prefetch.buffers import BufferSettings
+from rudder.prefetch.policies import PolicyContext, make_policy
+from rudder.sampling.neighbors import NeighborSampler
+from rudder.sampling.schedule import minibatch_schedule
+from rudder.sim.machine import Machine, allreduce_seconds, sage_flops
+from rudder.sim.transport import CountedStore, Graph, MemoryLog, ModelledLink, SimulatedAdjacency
+from rudder.train.config import TrainConfig
+
+
+@dataclass
+class Sampled:
+    """One trainer's whole run of minibatches, sampled once and replayed under every policy."""
+    epoch: np.ndarray
+    step: np.ndarray
+    inputs: list  # input node IDs per minibatch (dropped once every policy has replayed them)
+    input_nodes: np.ndarray
+    input_remote: np.ndarray
+    input_halo: np.ndarray
+    sample_seconds: np.ndarray  # modelled CSR reads
+    adjacency_rows_remote: np.ndarray
+    compute_seconds: np.ndarray  # modelled forward + backward
+
+
+def steps_and_batch(cfg: TrainConfig, graph: Graph) -> tuple[int, int]:
+    """The run's equal steps per epoch and batch size, as ``Trainer`` computes them."""
+    batch, steps = cfg.minibatch_shape(max(int(p.train_mask.sum()) for p in graph.parts))
+    return steps, batch
+
+
+def sample_trainer(graph: Graph, cfg: TrainConfig, part: int, machine: Machine | None, widths: list[int]) -> Sampled:
+    p = graph.parts[part]
+    steps, _ = steps_and_batch(cfg, graph)
+    seed = cfg.training.seed
+    sampler = NeighborSampler(SimulatedAdjacency(graph, part, machine, 0), cfg.sampling.fanouts, seed=[seed, part])
+    halo = np.sort(p.halo_nodes)
+    rows = []
+    train = p.node_start + np.flatnonzero(p.train_mask)
+    for epoch, step, seeds in minibatch_schedule(seed, part, train, lambda order: order, steps, cfg.training.epochs):
+        mb = sampler.sample(seeds, key=(epoch, step))
+        remote = mb.input_nodes[graph.meta.owner_of(mb.input_nodes) != part]
+        flops = sage_flops(mb.layers, widths) if seeds.size else 0.0
+        rows.append((epoch, step, mb.input_nodes, mb.input_nodes.size, remote.size,
+                     int(np.isin(remote, halo, assume_unique=True).sum()), mb.stats.seconds_remote, mb.stats.rows_remote,
+                     (flops / machine.flops + machine.step_overhead) if machine else 0.0))
+    cols = list(zip(*rows))
+    return Sampled(np.array(cols[0]), np.array(cols[1]), list(cols[2]), *(np.array(c) for c in cols[3:]))
+
+
+def facts_of(graph: Graph, cfg: TrainConfig, part: int, capacity: int) -> dict:
+    """What ``Trainer.facts`` holds for this partition's trainer."""
+    steps, batch = steps_and_batch(cfg, graph)
+    return trainer_facts(graph.meta, part, part, batch, steps * cfg.training.epochs, graph.parts[part].halo_nodes.size,
+                         capacity)
+
+
+COLUMNS = ("rows_fetched", "rows_rma", "hits", "misses", "refills", "candidates", "replaced", "fetch_seconds")
+
+
+def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, machine: Machine | None,
+                  row_bytes: int) -> dict:
+    """One trainer's minibatches under ``cfg``'s policy: per-minibatch columns (``COLUMNS``) and
+    the initial fill."""
+    steps, _ = steps_and_batch(cfg, graph)
+    policy = make_policy(cfg)
+    features = feature_source(CountedStore(graph, part, machine, row_bytes), policy, BufferSettings.of(cfg.buffer),
+                              graph.parts[part], graph.meta.num_nodes, np.random.default_rng([cfg.training.seed, 2, part]))
+    fill = features.fill()
+    capacity = features.buffer.capacity if features.buffer is not None else 0
+    service = DecisionService(make_decider(cfg), MemoryLog()) if policy.needs_agent else None
+    facts = facts_of(graph, cfg, part, capacity)
+    policy.start(PolicyContext(facts, MemoryLog(), part, steps,
+                               lambda window, latency: ModelledLink(service, part, facts, window, latency)))
+    out = {c: np.zeros(len(sampled.inputs), dtype=np.float64 if c == "fetch_seconds" else np.int64) for c in COLUMNS}
+    window = policy.lookahead
+    try:
+        for i, nodes in enumerate(sampled.inputs):
+            _, a = features.assemble(nodes, sampled.inputs[i + 1:i + 1 + window] if window else [])
+            f = a.fetch
+            out["rows_fetched"][i] = f.rows_shared + f.rows_remote
+            out["rows_rma"][i] = f.rows_remote
+            for c in ("hits", "misses", "refills", "candidates"):
+                out[c][i] = getattr(a, c)
+            out["replaced"][i] = a.replaced
+            out["fetch_seconds"][i] = f.seconds_remote
+    finally:
+        policy.close()
+        if service is not None:
+            service.decider.close()
+    decisions = service.log.tables.get("decisions", []) if service is not None else []
+    return {**out, "fill_rows": fill.rows_shared + fill.rows_remote, "capacity": capacity, "decisions": len(decisions)}
+
+
+_GRAPH: Graph | None = None  # set before the worker pool forks, so workers share it copy-on-write
+
+
+def _simulate_trainer(job):
+    cfg, policies, part, machine, widths, row_bytes = job
+    sampled = sample_trainer(_GRAPH, cfg, part, machine, widths)
+    per_policy = {name: replay_policy(_GRAPH, cfg.replace(**overrides), part, sampled, machine, row_bytes)
+                  for name, overrides in policies.items()}
+    sampled.inputs = []  # the parent needs the counts only
+    return part, sampled, per_policy
+
+
+def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | None, feat_dim: int | None = None,
+             workers: int = 1, graph: Graph | None = None, progress=None) -> dict:
+    """Every trainer of ``cfg``'s data under each of ``policies`` ({label: flat option overrides}).
+    Returns {"steps_per_epoch", "parts", "sampled": {part: Sampled}, "policies": {label: {part: columns}}}."""
+    global _GRAPH
+    _GRAPH = graph or Graph(cfg.data.path)
+    meta = _GRAPH.meta
+    dim = feat_dim or meta.feat_dim
+    widths = [dim] + [cfg.model.hidden] * (len(cfg.sampling.fanouts) - 1) + [meta.num_classes]
+    jobs = [(cfg, policies, p, machine, widths, 4 * dim) for p in range(meta.num_parts)]
+    results = {}
+    if workers > 1 and len(jobs) > 1:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+            for part, sampled, per_policy in pool.imap_unordered(_simulate_trainer, jobs):
+                results[part] = (sampled, per_policy)
+                if progress:
+                    progress(len(results), len(jobs))
+    else:
+        for job in jobs:
+            part, sampled, per_policy = _simulate_trainer(job)
+            results[part] = (sampled, per_policy)
+            if progress:
+                progress(len(results), len(jobs))
+    steps, batch = steps_and_batch(cfg, _GRAPH)
+    params = sum(2 * a * b + b for a, b in zip(widths[:-1], widths[1:]))
+    return {"steps_per_epoch": steps, "batch_size": batch, "parts": meta.num_parts, "params": params, "feat_dim": dim,
+            "sampled": {p: r[0] for p, r in sorted(results.items())},
+            "policies": {label: {p: r[1][label] for p, r in sorted(results.items())} for label in policies}}
+
+
+def summarize(result: dict, epochs: int, machine: Machine | None) -> dict:
+    """Per policy: remote rows fetched per epoch (all trainers, over the timed epochs), the
+    initial fill, hit %, decisions, and modelled epoch seconds with and without overlap."""
+    parts, steps = result["parts"], result["steps_per_epoch"]
+    sampled = result["sampled"]
+    epoch_of = sampled[0].epoch  # the same schedule shape on every trainer
+    timed = metrics.timed_epochs(list(range(epochs)))
+    later = np.isin(epoch_of, timed)
+    sample_t = np.stack([sampled[p].sample_seconds for p in range(parts)])
+    compute_t = np.stack([sampled[p].compute_seconds for p in range(parts)])
+    allreduce = allreduce_seconds(result["params"], parts, machine) if machine else 0.0
+
+    def epoch_seconds(per_step: np.ndarray) -> float:
+        return metrics.epoch_time([per_step[epoch_of == e].sum() for e in timed])
+
+    out = {}
+    for label, per_part in result["policies"].items():
+        cols = {c: np.stack([per_part[p][c] for p in range(parts)]) for c in COLUMNS}
+        rows = {"input_remote": np.stack([sampled[p].input_remote for p in range(parts)]),
+                "hits": cols["hits"], "refills": cols["refills"]}
+        row = {"rows_per_epoch": float(metrics.remote_rows_fetched(rows)[:, later].sum() / len(timed)),
+               "rows_off_node_per_epoch": float(cols["rows_rma"][:, later].sum() / len(timed)),
+               "fill_rows": int(sum(per_part[p]["fill_rows"] for p in range(parts))),
+               "hit_percent": metrics.hit_percent(int(cols["hits"].sum()), int(cols["misses"].sum())),
+               "replacements": int(cols["replaced"].sum()), "decisions": int(sum(per_part[p]["decisions"] for p in range(parts)))}
+        if machine is not None:
+            comm = sample_t + cols["fetch_seconds"]
+            serial = (comm + compute_t).max(axis=0) + allreduce
+            overlap = np.maximum(comm, compute_t).max(axis=0) + allreduce
+            row["epoch_seconds"] = epoch_seconds(serial)
+            row["epoch_seconds_overlap"] = epoch_seconds(overlap)
+            row["comm_share"] = float((comm.max(axis=0)[later]).sum() / max(1e-12, serial[later].sum()))
+        out[label] = row
+    return {"parts": parts, "steps_per_epoch": steps, "batch_size": result["batch_size"], "feat_dim": result["feat_dim"],
+            "epochs_counted": "2.." + str(epochs) if epochs > 1 else "1", "allreduce_seconds": allreduce,
+            "machine": dataclasses.asdict(machine) if machine else None, "policies": out}
+
+
+def table(summary: dict) -> str:
+    """Rows and modelled times per policy; time ratios to none in the same mode (with or without overlap)."""
+    pol = summary["policies"]
+    none = pol.get("none")
+    fixed = pol.get("fixed")
+    timed = any("epoch_seconds" in r for r in pol.values())
+    head = f"{'policy':<12} {'rows/epoch':>12} {'x none':>7} {'x fixed':>8} {'hits %':>7} {'replaced':>9}"
+    if timed:
+        head += f" {'epoch s':>9} {'x none':>7} {'overlap s':>10} {'x none':>7}"
+    lines = [head]
+    for label, r in pol.items():
+        line = (f"{label:<12} {r['rows_per_epoch']:>12,.0f} {ratio(r['rows_per_epoch'], none, 'rows_per_epoch'):>7} "
+                f"{ratio(r['rows_per_epoch'], fixed, 'rows_per_epoch'):>8} {r['hit_percent']:>7.1f} {r['replacements']:>9}")
+        if timed:
+            line += (f" {r['epoch_seconds']:>9.4f} {ratio(r['epoch_seconds'], none, 'epoch_seconds'):>7} "
+                     f"{r['epoch_seconds_overlap']:>10.4f} {ratio(r['epoch_seconds_overlap'], none, 'epoch_seconds_overlap'):>7}")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def ratio(value: float, base: dict | None, key: str) -> str:
+    return f"{value / base[key]:.3f}" if base and base.get(key) else "-"

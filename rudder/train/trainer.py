@@ -1,0 +1,329 @@
+"""Data-parallel GraphSAGE training over partitioned data.
+
+Every trainer rank, each step: take the next prepared minibatch from the pipeline (its L-hop
+blocks sampled with remote adjacency read one-sidedly, its input features assembled through the
+buffer policy's cache), run forward and backward, and join the gradient Allreduce. Steps per
+epoch are equal on all trainers (each splits its seeds into the largest trainer's number of
+minibatches), so no rank waits in a collective another will never enter. Evaluation (layer-wise,
+full neighbours) runs after the epoch's timer stops.
+
+Everything a run measures goes into the rank's HDF5 log (``rudder.logs``): one row per
+minibatch, one per epoch, and with ``--trace`` the remote input IDs of every minibatch.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from mpi4py import MPI
+
+from rudder.agent.link import AgentLink
+from rudder.agent.protocol import trainer_facts
+from rudder.comm.layout import exposer_table
+from rudder.comm.runtime import library_versions
+from rudder.comm.shared_memory import NodeSharedArrays
+from rudder.data.adjacency import Adjacency
+from rudder.data.dgl_bridge import to_blocks
+from rudder.data.feature_store import FeatureStore
+from rudder.data.partition_store import read_partition
+from rudder.logs import metrics
+from rudder.logs.schema import EPOCH_ROW, EPOCH_TIMERS, MINIBATCH_ROW, TRACE, TRAINER, TRAINER_TABLES, record
+from rudder.logs.writer import RunLog, log_path
+from rudder.prefetch.assembly import feature_source
+from rudder.prefetch.buffers import BufferSettings
+from rudder.prefetch.pipeline import MinibatchPipeline, Prepared
+from rudder.prefetch.policies import PolicyContext, make_policy
+from rudder.sampling.neighbors import NeighborSampler
+from rudder.sampling.schedule import minibatch_schedule, my_share
+from rudder.train.checkpointing import CheckpointCoordinator, Resumed, load_resumed
+from rudder.train.config import TrainConfig
+from rudder.train.data_parallel import GradientAllreduce, broadcast_parameters, parameter_digest
+from rudder.train.evaluation import evaluate
+from rudder.train.model import GraphSAGE
+from rudder.train.progress import run_summary
+
+
+@dataclass
+class EpochResult:
+    row: np.void
+    stopped: bool
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, layout, meta, stop):
+        """Collective over the trainers: reads this rank's partition, opens the RMA windows,
+        builds and broadcasts the model, builds the buffer and its policy, creates the rank's log."""
+        self.cfg, self.layout, self.meta, self.stop = cfg, layout, meta, stop
+        self.resumed: Resumed | None = load_resumed(cfg.output.run_dir, layout.world.rank) if cfg.checkpoint.resume else None
+        self.start = self.resumed.start if self.resumed else 0
+        self.device = self._device()
+        self._build_data()
+        self._build_model()
+        self._build_prefetch()
+        self._build_log()
+        self.policy.start(PolicyContext(self.facts, self.log, layout.trainer_rank, self.steps_per_epoch,
+                                        self._open_agent_link))  # before the pipeline thread first asks it
+        if self.resumed:
+            self.policy.load_state_dict(self.resumed.rank_state["policy"])
+        self.checkpoints = CheckpointCoordinator(cfg, layout.trainers, layout.world.rank, layout.world.size,
+                                                 self.steps_per_epoch, self.log, self._snapshot, self._model_state,
+                                                 self.policy.on_checkpoint)
+        self.last_eval: dict[str, float] = {}
+        self.stop_signal = 0  # after a stop: the signal that caused it (the same on every rank)
+        self.pinned: torch.Tensor | None = None  # --device cuda: the staging buffer of input features
+        self.resumed_rows = self._resumed_epoch_rows() if self.resumed else None
+        if cfg.sampling.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
+            torch.set_num_threads(layout.threads_per_rank - 1)
+        self.pipeline = MinibatchPipeline(self.schedule(self.start), self.sampler, self.features,
+                                          cfg.sampling.prefetch_depth, self.policy.lookahead,
+                                          snapshot=self.checkpoints.snapshot_if_due if self.checkpoints.enabled else None)
+
+    # -- building ------------------------------------------------------------------------------
+    def _device(self) -> torch.device:
+        if self.cfg.model.device != "cuda":
+            return torch.device("cpu")
+        torch.cuda.set_device(self.layout.node_trainers.rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+
+    def _build_data(self) -> None:
+        """The partition, the RMA windows of features and adjacency, the sampler, the seeds."""
+        cfg, layout, meta = self.cfg, self.layout, self.meta
+        self.exposer = exposer_table(layout, meta.num_parts)
+        self.exposes = bool(self.exposer[layout.partition_id] == layout.trainer_rank)
+        self.partition = part = read_partition(cfg.data.path, layout.partition_id, meta, structure=self.exposes)
+        self.store = FeatureStore(layout, meta, cfg.data.path, self.exposer, gets=cfg.data.rma_gets)
+        self.adjacency = Adjacency(layout, meta, part, self.exposer)
+        self.sampler = NeighborSampler(self.adjacency, cfg.sampling.fanouts, seed=[cfg.training.seed, layout.trainer_rank])
+        self.halo = np.sort(part.halo_nodes)
+        start = part.node_start
+        self.train_nodes = start + np.flatnonzero(part.train_mask)  # the partition's; split per epoch
+        self.eval_sets = {name: my_share(start + np.flatnonzero(mask), layout)
+                          for name, mask in (("val", part.val_mask), ("test", part.test_mask))}
+        # Equal steps on every trainer: the busiest trainer's seed count sets the count.
+        self.my_train = my_share(self.train_nodes, layout).size
+        most = layout.trainers.allreduce(self.my_train, op=MPI.MAX)
+        self.batch_size, self.steps_per_epoch = cfg.minibatch_shape(most)
+
+    def _build_model(self) -> None:
+        """Replicas equal on every trainer (broadcast from trainer 0), or the checkpoint's."""
+        cfg, meta = self.cfg, self.meta
+        seed = cfg.training.seed
+        torch.manual_seed(seed)
+        self.model = GraphSAGE(meta.feat_dim, cfg.model.hidden, meta.num_classes, len(cfg.sampling.fanouts),
+                               cfg.model.dropout).to(self.device)
+        broadcast_parameters(self.layout.trainers, self.model)
+        torch.manual_seed(seed * 1_000_003 + self.layout.trainer_rank + 1)  # dropout differs per rank, as in DDP
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.model.lr)
+        if self.resumed:
+            self.model.load_state_dict(self.resumed.model_state["model"])
+            self.optimizer.load_state_dict(self.resumed.model_state["optimizer"])
+            torch.set_rng_state(self.resumed.rank_state["torch_rng"])
+        self.allreduce = GradientAllreduce(self.layout.trainers, self.model)
+
+    def _build_prefetch(self) -> None:
+        """The policy, its buffer around the feature store (filled once), and the trainer's facts."""
+        cfg, layout, part = self.cfg, self.layout, self.partition
+        self.policy = make_policy(cfg)
+        self.shared = NodeSharedArrays(layout.node_trainers) if cfg.buffer.sharing == "node" else None
+        self.features = feature_source(self.store, self.policy, BufferSettings.of(cfg.buffer), part, self.meta.num_nodes,
+                                       np.random.default_rng([cfg.training.seed, 2, layout.partition_id]), self.shared)
+        self.fill = self.features.fill()
+        if self.resumed:
+            self.features.load_state_dict(self.resumed.rank_state["assembly"])
+        capacity = self.features.buffer.capacity if self.features.buffer is not None else 0
+        # What the agent (and a classifier's features) know of this trainer, fixed for the run.
+        self.facts = trainer_facts(self.meta, layout.world.rank, layout.trainer_rank, self.batch_size,
+                                   self.steps_per_epoch * cfg.training.epochs, part.halo_nodes.size, capacity)
+
+    def _build_log(self) -> None:
+        cfg, meta, layout, fill = self.cfg, self.meta, self.layout, self.fill
+        run = {"batch_size": self.batch_size, "steps_per_epoch": self.steps_per_epoch, "train_seeds": int(self.my_train),
+               "device": str(self.device), "partition_exposed_here": self.exposes,
+               "halo_nodes": int(self.partition.halo_nodes.size), "buffer_capacity": self.facts["capacity"],
+               "buffer_fill_rows": fill.rows_local + fill.rows_shared + fill.rows_remote,
+               "buffer_fill_bytes_rma": fill.bytes_remote}
+        data = {"dir": cfg.data.path, "dataset": meta.dataset, "source": meta.source, "num_parts": meta.num_parts,
+                "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "feat_dim": meta.feat_dim,
+                "created": meta.created, "edge_hash": meta.edge_hash}
+        self.log = RunLog(log_path(cfg.output.run_dir, layout.world.rank),
+                          {"role": TRAINER, "config": cfg.to_json(), "versions": json.dumps(library_versions()),
+                           "layout": json.dumps(layout.describe()), "run": json.dumps(run), "data": json.dumps(data)},
+                          {**TRAINER_TABLES, **self.policy.log_tables()}, {TRACE: np.int64} if cfg.output.trace else None,
+                          flush_seconds=cfg.output.log_flush_seconds,
+                          resume_rows=self.resumed.rank_state["log_rows"] if self.resumed else None)
+
+    def _open_agent_link(self, window: int, latency: int) -> AgentLink:
+        link = AgentLink(self.layout.node, self.facts, window, latency)  # returns once the agent is ready
+        self.log.flush(agent_wait_s=link.waited_for_agent)
+        return link
+
+    def schedule(self, start: int = 0):
+        """(epoch, step, seeds) of this trainer from minibatch ``start`` on."""
+        return minibatch_schedule(self.cfg.training.seed, self.layout.partition_id, self.train_nodes,
+                                  lambda order: my_share(order, self.layout), self.steps_per_epoch,
+                                  self.cfg.training.epochs, start)
+
+    # -- checkpoint state ----------------------------------------------------------------------
+    def _snapshot(self) -> dict:
+        """The pipeline-side state a checkpoint keeps (taken between two minibatches)."""
+        return {"assembly": self.features.state_dict(), "policy": self.policy.state_dict()}
+
+    def _model_state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def _resumed_epoch_rows(self) -> list:
+        """The resumed epoch's minibatch rows logged before the checkpoint (for its epoch row)."""
+        import h5py
+
+        with h5py.File(self.log.path, "r", locking=False) as f:
+            rows = f["minibatches"][()]
+        return [r for r in rows if r["epoch"] == self.start // self.steps_per_epoch]
+
+    # -- one step ------------------------------------------------------------------------------
+    def to_device(self, x: np.ndarray) -> torch.Tensor:
+        """Input features on the model's device: on a GPU through a reused pinned host buffer,
+        so the copy is a DMA that does not wait for pageable memory to be staged. Reusing it is
+        safe: the step reads its loss back (``float(loss)``), which waits for the GPU, before the
+        next minibatch is staged."""
+        if self.device.type != "cuda":
+            return torch.from_numpy(x)
+        if self.pinned is None or self.pinned.shape[0] < x.shape[0]:
+            self.pinned = torch.empty((max(x.shape[0], 2 * (self.pinned.shape[0] if self.pinned is not None else 0)),
+                                       x.shape[1]), dtype=torch.float32, pin_memory=True)
+        staged = self.pinned[:x.shape[0]]
+        staged.numpy()[...] = x
+        return staged.to(self.device, non_blocking=True)
+
+    def step(self) -> tuple[np.void, bool]:
+        item, waited = self.pipeline.next()
+        mb, seeds = item.minibatch, item.seeds
+        t2 = time.perf_counter()
+        remote = mb.input_nodes[self.meta.owner_of(mb.input_nodes) != self.layout.partition_id]
+        if self.cfg.output.trace:
+            self.log.append_ragged(TRACE, remote)
+        loss_sum = 0.0
+        if seeds.size:
+            blocks = to_blocks(mb.layers, self.device)
+            labels = torch.from_numpy(self.partition.labels[seeds - self.partition.node_start]).to(self.device)
+            logits = self.model(blocks, self.to_device(item.x))
+            loss = F.cross_entropy(logits, labels, reduction="sum")
+            self.optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            loss_sum = float(loss.detach())
+        t3 = time.perf_counter()
+        totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop(), self.checkpoints.due_by_clock())
+        t4 = time.perf_counter()
+        if totals.seeds:
+            self.optimizer.step()
+        t5 = time.perf_counter()
+        row = record(MINIBATCH_ROW, self._minibatch_fields(item, remote, waited, loss_sum, totals,
+                                                           (t3 - t2, t4 - t3, t5 - t4)))
+        self.log.append("minibatches", dict(zip(MINIBATCH_ROW.names, row)))
+        self.log.maybe_flush()
+        stop = self.checkpoints.after_step(item.epoch, item.step, item.snapshot, totals.checkpoint, totals.stop)
+        return np.array(row, dtype=MINIBATCH_ROW)[()], stop
+
+    def _minibatch_fields(self, item: Prepared, remote: np.ndarray, waited: float, loss_sum: float, totals,
+                          step_times: tuple[float, float, float]) -> dict:
+        mb, a, seeds = item.minibatch, item.assembly, item.seeds
+        fetch = a.fetch
+        looked = a.hit_total + a.miss_total
+        t_compute, t_allreduce, t_update = step_times
+        return {
+            "epoch": item.epoch, "step": item.step, "seeds": seeds.size, "input_nodes": mb.input_nodes.size,
+            "input_remote": remote.size,
+            "input_halo": int(np.isin(remote, self.halo, assume_unique=True).sum()) if self.halo.size else 0,
+            "rows_local": fetch.rows_local, "rows_shared": fetch.rows_shared, "rows_rma": fetch.rows_remote,
+            "bytes_rma": fetch.bytes_remote, "owners_rma": fetch.owners_touched,
+            "adjacency_rows_rma": mb.stats.rows_remote, "adjacency_bytes_rma": mb.stats.bytes_remote,
+            "hits": a.hits, "misses": a.misses, "refills": a.refills, "evictions": a.evictions,
+            "candidates": a.candidates, "refetched": a.refetched, "replaced": a.replaced, "asked_by": a.asked_by,
+            "occupancy": a.occupancy, "comm_volume": a.comm_volume, "hit_percent": a.hit_percent,
+            "hit_ratio": a.hit_total / looked if looked else 0.0,
+            "t_sample": item.t_sample, "t_fetch": item.t_assemble, "t_lookup": a.t_lookup, "t_replace": a.t_replace,
+            "t_rma": fetch.seconds_remote + mb.stats.seconds_remote, "t_wait": waited,
+            "t_forward_backward": t_compute, "t_allreduce": t_allreduce, "t_update": t_update,
+            "loss": loss_sum / seeds.size if seeds.size else np.nan,
+            "global_loss": totals.loss_sum / totals.seeds if totals.seeds else np.nan,
+        }
+
+    # -- one epoch -----------------------------------------------------------------------------
+    def epoch(self, epoch: int, progress) -> EpochResult:
+        rows, stopped = [], False
+        start = time.perf_counter()
+        earlier = []  # a resumed epoch: the rows logged before the checkpoint
+        if self.resumed_rows is not None and epoch == self.start // self.steps_per_epoch:
+            earlier, self.resumed_rows = self.resumed_rows, None
+        for _ in range(self.steps_per_epoch - len(earlier)):
+            row, stopped = self.step()
+            rows.append(row)
+            if progress is not None:
+                progress.step(float(row["global_loss"]))
+            if stopped:
+                break
+        seconds = time.perf_counter() - start
+        table = np.array(earlier + rows, dtype=MINIBATCH_ROW)
+        # A resumed epoch's time before the checkpoint: its logged step times (no wall clock survives)
+        seconds += float(sum(r["t_wait"] + r["t_forward_backward"] + r["t_allreduce"] + r["t_update"] for r in earlier))
+        complete = len(table) == self.steps_per_epoch  # a stop after the last step still completes it
+        result = {"epoch": epoch, "steps": len(table), "complete": complete, "seconds": seconds,
+                  **{t: float(table[t].sum()) for t in EPOCH_TIMERS},
+                  **{k: int(table[k].sum()) for k in ("input_nodes", "input_remote", "bytes_rma", "hits", "misses",
+                                                      "refills", "comm_volume")},
+                  "loss": float(np.nanmean(table["global_loss"])), "val_acc": np.nan, "test_acc": np.nan,
+                  "eval_seconds": 0.0}
+        every = self.cfg.training.eval_every
+        if complete and (epoch == self.cfg.training.epochs - 1 or (every and (epoch + 1) % every == 0)):
+            t = time.perf_counter()
+            self.last_eval = evaluate(self.model, self.layout, self.meta, self.partition, self.store, self.adjacency,
+                                      self.exposer, self.eval_sets, self.cfg.training.eval_batch_size, self.device)
+            result.update(val_acc=self.last_eval["val"], test_acc=self.last_eval["test"],
+                          eval_seconds=time.perf_counter() - t)
+        digests = self.layout.trainers.allgather(parameter_digest(self.model))
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"model replicas diverged after epoch {epoch}: parameter digests {digests}")
+        result["param_digest"] = digests[0]
+        self.log.append("epochs", result)
+        self.log.maybe_flush()
+        self.checkpoints.after_epoch()
+        return EpochResult(np.array(record(EPOCH_ROW, result), dtype=EPOCH_ROW)[()], stopped)
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self, progress=None) -> dict | None:
+        """Train the configured epochs (or until a stop request); returns trainer 0's summary of
+        all trainers (None elsewhere)."""
+        self.log.flush(training_started_at=time.time())
+        per_epoch = []  # trainer 0: every trainer's epoch rows (since this job started)
+        stopped = False
+        for epoch in range(self.start // self.steps_per_epoch, self.cfg.training.epochs):
+            result = self.epoch(epoch, progress)
+            rows = self.layout.trainers.gather(result.row, root=0)
+            if rows is not None:
+                per_epoch.append(np.array(rows, dtype=EPOCH_ROW))
+                if progress is not None:
+                    progress.epoch(per_epoch[-1])
+            if result.stopped:
+                stopped = True
+                self.stop_signal = self.layout.trainers.allreduce(self.stop.signum, op=MPI.MAX)
+                break
+        if self.layout.trainers.rank:
+            return None
+        return run_summary(per_epoch, stopped, trainers=self.layout.num_trainers, steps_per_epoch=self.steps_per_epoch,
+                           batch_size=self.batch_size, policy=self.cfg.buffer.policy, last_eval=self.last_eval,
+                           run_dir=self.cfg.output.run_dir)
+
+    def close(self) -> None:
+        """Collective over the trainers: stops the pipeline, frees the RMA windows."""
+        self.pipeline.close()
+        self.policy.close()
+        if self.shared is not None:
+            self.shared.close()
+        self.adjacency.close()
+        self.store.close()
+
+
+__all__ = ["Trainer", "metrics"]
