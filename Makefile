@@ -12,7 +12,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 PIP_EXTRA ?=
 DEMO_OUT  ?= runs/demo
 
-.PHONY: venv demo test clean-venv
+.PHONY: venv demo test lint clean-venv
 
 venv: $(STAMP)
 
@@ -30,6 +30,9 @@ demo: venv
 
 test: venv
 	bash tests/run_suite.sh
+
+lint: venv
+	$(VENV)/bin/ruff check .
 
 clean-venv:
 	rm -rf $(VENV)

@@ -67,3 +67,16 @@ def test_bad_config_file(tmp_path, text, needle):
     assert needle in str(e.value) and str(path) in str(e.value)
     with pytest.raises(ConfigError, match="cannot read"):
         parse_config(["--config", str(tmp_path / "none.toml")])
+
+
+def test_options_reference_is_the_declarations():
+    """docs/options.md is made from the declarations (python -m rudder.train.config), so it lists
+    every option with its default and help; a flag added without regenerating it fails here."""
+    from conftest import REPO
+
+    from rudder.train.config import options_reference, parser
+
+    with open(f"{REPO}/docs/options.md") as f:
+        assert f.read() == options_reference(), "regenerate: python -m rudder.train.config > docs/options.md"
+    flags = {s for a in parser()._actions for s in a.option_strings if s.startswith("--")} - {"--help", "--config"}
+    assert all(f"`{flag}`" in options_reference() for flag in flags)

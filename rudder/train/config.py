@@ -275,3 +275,12 @@ def from_json(text: str, strict: bool = False) -> TrainConfig:
     """The config a log recorded (its ``config`` attribute)."""
     return TrainConfig.from_flat(json.loads(text), "the log's config", strict)
 
+
+
+def options_reference() -> str:
+    """docs/options.md: every option by section (``python -m rudder.train.config > docs/options.md``)."""
+    return options.markdown(TrainConfig, "drivers/train.py options")
+
+
+if __name__ == "__main__":
+    print(options_reference(), end="")

@@ -200,17 +200,25 @@ def need(ok: bool, flag: str, value, expected: str) -> None:
 def markdown(config_cls, title: str) -> str:
     """The options reference: one table per section."""
     lines = [f"# {title}", "", "Generated from the declarations in `rudder/train/config.py` (a test keeps this file "
-             "equal to them). Every option is a flag (`--name-with-dashes`) and a key of a `--config` TOML or JSON "
-             "file (`name_with_underscores`).", ""]
+             "equal to them). Every option is a flag and a key of a `--config` TOML or JSON file; flags override the "
+             "file, which overrides the defaults. Options marked resumable may change when a run is resumed "
+             "(`--resume RUN`).", ""]
     section = None
     for d in declared(config_cls):
         if d.section != section:
             section = d.section
-            lines += ["", f"## {section}", "", "| option | default | |", "|---|---|---|"]
-        default = ",".join(map(str, d.default)) if isinstance(d.default, list) else d.default
-        flag = d.flag if d.kind is not bool or d.default is not True else "--no-" + d.spec.name.replace("_", "-")
-        extra = "".join(f"; `{flag2}`: {text}" for flag2, _, text in d.spec.flags)
+            lines += ["", f"## {section}", "", "| flag | file key | default | |", "|---|---|---|---|"]
+        s = d.spec
+        if d.kind is bool:
+            flag = ("--no-" + s.name.replace("_", "-")) if d.default else d.flag
+            default = "on" if d.default else "off"
+        else:
+            flag = d.flag
+            default = ",".join(map(str, d.default)) if isinstance(d.default, list) else d.default
         choices = d.choices()
-        shown = " (" + " \\| ".join(map(str, choices)) + ")" if choices and not callable(d.spec.choices) else ""
-        lines.append(f"| `{flag}` | {'' if default in ('', None) else f'`{default}`'} | {d.spec.help}{shown}{extra} |")
+        text = s.help + (" (" + " \\| ".join(map(str, choices)) + ")" if choices and not callable(s.choices) else "")
+        text += "".join(f"; `{extra}`: {help_}" for extra, _, help_ in s.flags)
+        text += "; resumable" if s.resumable else ""
+        text += "; file only" if not s.cli else ""
+        lines.append(f"| `{flag}` | `{s.name}` | {'' if default in ('', None) else f'`{default}`'} | {text} |")
     return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
