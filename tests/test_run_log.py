@@ -69,3 +69,15 @@ def test_killed_writer_leaves_a_readable_file(tmp_path):
     with h5py.File(path, "r") as f:
         steps = f["rows"]["step"]
         assert steps.size >= 150 and (steps == np.arange(steps.size)).all()
+
+
+def test_docs_list_every_column_with_its_meaning():
+    """docs/logs.md holds the tables made from the schema (python -m rudder.logs.schema)."""
+    from conftest import REPO
+
+    from rudder.logs.schema import MEANINGS, tables_markdown
+
+    with open(f"{REPO}/docs/logs.md") as f:
+        doc = f.read()
+    assert tables_markdown() in doc, "regenerate the tables of docs/logs.md: python -m rudder.logs.schema"
+    assert all(meaning for table in MEANINGS.values() for meaning in table.values())  # none left unexplained

@@ -4,8 +4,9 @@ ragged sets beside them. Writers build rows by field name (``record``), readers 
 written by an older version up to the current columns (``upgrade``); analysis, the evaluation
 harness, the simulator and the tests all read these names.
 
-Column meanings are the comments below; the figures computed from them (epoch time, remote rows,
-communication volume, hit %) are defined in ``rudder.logs.metrics``.
+Each column is declared with its meaning (``table``), from which docs/logs.md lists them; the
+figures computed from them (epoch time, remote rows, communication volume, hit %) are defined in
+``rudder.logs.metrics``.
 """
 from __future__ import annotations
 
@@ -15,63 +16,99 @@ FORMAT_NAME = "rudder-run-log"
 FORMAT_VERSION = 1  # columns added since are filled in by ``upgrade`` when an older log is read
 TRAINER, AGENT = "trainer", "agent"  # the ``role`` attribute of a log
 
-MINIBATCH_ROW = np.dtype([
-    ("epoch", "i4"), ("step", "i4"), ("seeds", "i4"), ("input_nodes", "i8"),
-    ("input_remote", "i8"),  # input nodes owned by another partition (DistDGL's "remote rows")
-    ("input_halo", "i8"),  # ... of which in this partition's 1-hop halo (what a halo buffer may cache)
-    ("rows_local", "i8"), ("rows_shared", "i8"), ("rows_rma", "i8"),  # feature rows read, by path
-    ("bytes_rma", "i8"), ("owners_rma", "i4"),  # feature bytes read by RMA, owners read
-    ("adjacency_rows_rma", "i8"), ("adjacency_bytes_rma", "i8"),  # sampling's remote CSR reads
-    # the prefetch buffer (zeros without one)
-    ("hits", "i8"),  # cacheable inputs found in the buffer
-    ("misses", "i8"),  # cacheable inputs not found (fetched on demand)
-    ("refills", "i8"),  # rows a replacement fetched into the buffer (or lookahead admitted)
-    ("evictions", "i8"), ("candidates", "i8"),  # rows evicted; slots below the eviction threshold
-    ("refetched", "i8"),  # misses the last replacement had evicted (its regret)
-    ("replaced", "i1"),  # a replacement was asked for on this minibatch
-    ("asked_by", "i1"),  # who asked (rudder.prefetch.policies.ASKERS)
-    ("occupancy", "i8"),  # slots holding a real row after this minibatch
-    ("comm_volume", "i8"),  # the paper's communication volume: misses + refills
-    ("hit_percent", "i2"),  # cumulative integer %-hits, as the paper reports it
-    ("hit_ratio", "f8"),  # cumulative exact ratio
-    ("t_sample", "f8"),
-    ("t_fetch", "f8"),  # the whole feature assembly: lookup, decision, replacement, gather, settle
-    ("t_lookup", "f8"), ("t_replace", "f8"),
-    ("t_rma", "f8"),  # inside RMA Get..Flush (sampling's CSR reads and feature rows)
-    ("t_wait", "f8"),  # the training thread blocked on this minibatch's inputs
-    ("t_forward_backward", "f8"), ("t_allreduce", "f8"), ("t_update", "f8"),
-    ("loss", "f4"),  # this trainer's mean loss (NaN for an empty minibatch)
-    ("global_loss", "f4"),  # mean loss over all trainers' seeds
-])
-EPOCH_ROW = np.dtype([
-    ("epoch", "i4"), ("steps", "i4"), ("complete", "i1"),
-    ("seconds", "f8"),  # wall time of the epoch's steps on this trainer (evaluation excluded)
-    ("t_sample", "f8"), ("t_fetch", "f8"), ("t_rma", "f8"), ("t_wait", "f8"),  # sums of the minibatch timers
-    ("t_forward_backward", "f8"), ("t_allreduce", "f8"), ("t_update", "f8"),
-    ("input_nodes", "i8"), ("input_remote", "i8"), ("bytes_rma", "i8"),
-    ("hits", "i8"), ("misses", "i8"), ("refills", "i8"), ("comm_volume", "i8"),
-    ("loss", "f4"), ("val_acc", "f4"), ("test_acc", "f4"), ("eval_seconds", "f8"),
-    ("param_digest", "i8"),  # equal on every trainer: the replicas agree
-])
+MEANINGS: dict[str, dict[str, str]] = {}  # table name: {column: what it holds} (docs/logs.md is made from these)
+
+
+def table(name: str, *columns: tuple[str, str, str]) -> np.dtype:
+    """A table's row type from (column, numpy type, meaning) triples."""
+    MEANINGS[name] = {c: meaning for c, _, meaning in columns}
+    return np.dtype([(c, kind) for c, kind, _ in columns])
+
+
+MINIBATCH_ROW = table(
+    "minibatches",
+    ("epoch", "i4", "epoch of the step (0-based)"),
+    ("step", "i4", "step within the epoch"),
+    ("seeds", "i4", "this trainer's seed (training) nodes in the minibatch"),
+    ("input_nodes", "i8", "input nodes of the first layer"),
+    ("input_remote", "i8", "input nodes owned by another partition (DistDGL's \"remote rows\")"),
+    ("input_halo", "i8", "remote input nodes in this partition's 1-hop halo (what a halo buffer may hold)"),
+    ("rows_local", "i8", "feature rows read from this rank's own segment"),
+    ("rows_shared", "i8", "feature rows read from a same-node peer through shared memory"),
+    ("rows_rma", "i8", "feature rows read by RMA Get"),
+    ("bytes_rma", "i8", "feature bytes read by RMA Get"),
+    ("owners_rma", "i4", "owners read by RMA"),
+    ("adjacency_rows_rma", "i8", "sampling's remote CSR entries read by RMA"),
+    ("adjacency_bytes_rma", "i8", "sampling's remote CSR bytes read by RMA"),
+    ("hits", "i8", "cacheable inputs found in the buffer (0 without one)"),
+    ("misses", "i8", "cacheable inputs not found, fetched on demand"),
+    ("refills", "i8", "rows a replacement fetched into the buffer (extra traffic)"),
+    ("evictions", "i8", "rows that entered the buffer, as many leaving (a replacement's, or lookahead's admissions)"),
+    ("candidates", "i8", "slots a replacement could take when the policy decided"),
+    ("refetched", "i8", "misses the last replacement had evicted (its regret)"),
+    ("replaced", "i1", "1 if the policy asked for a replacement on this minibatch"),
+    ("asked_by", "i1", "who asked (rudder.prefetch.policies.ASKERS)"),
+    ("occupancy", "i8", "slots holding a real row after this minibatch"),
+    ("comm_volume", "i8", "the paper's communication volume: misses + refills"),
+    ("hit_percent", "i2", "cumulative integer %-hits, as the paper reports it"),
+    ("hit_ratio", "f8", "cumulative hits over cacheable lookups"),
+    ("t_sample", "f8", "seconds sampling the minibatch (pipeline thread)"),
+    ("t_fetch", "f8", "seconds of the whole feature assembly: lookup, decision, replacement, gather, settle"),
+    ("t_lookup", "f8", "seconds of the buffer lookup and the policy's decision"),
+    ("t_replace", "f8", "seconds of the buffer's bookkeeping, replacement and settling"),
+    ("t_rma", "f8", "seconds inside RMA Get..Flush (sampling's CSR reads and feature rows)"),
+    ("t_wait", "f8", "seconds the training thread waited for this minibatch's inputs"),
+    ("t_forward_backward", "f8", "seconds of forward and backward"),
+    ("t_allreduce", "f8", "seconds in the gradient Allreduce"),
+    ("t_update", "f8", "seconds of the optimiser step"),
+    ("loss", "f4", "this trainer's mean loss (NaN for an empty minibatch)"),
+    ("global_loss", "f4", "mean loss over all trainers' seeds"),
+)
+EPOCH_ROW = table(
+    "epochs",
+    ("epoch", "i4", "the epoch (0-based)"),
+    ("steps", "i4", "steps trained (the steps per epoch unless stopped early)"),
+    ("complete", "i1", "1 if every step of the epoch was trained"),
+    ("seconds", "f8", "wall time of the epoch's steps on this trainer (evaluation excluded)"),
+    *[(t, "f8", f"sum of the minibatches' {t}") for t in ("t_sample", "t_fetch", "t_rma", "t_wait",
+                                                          "t_forward_backward", "t_allreduce", "t_update")],
+    *[(c, "i8", f"sum of the minibatches' {c}") for c in ("input_nodes", "input_remote", "bytes_rma", "hits", "misses",
+                                                          "refills", "comm_volume")],
+    ("loss", "f4", "mean of the minibatches' global loss"),
+    ("val_acc", "f4", "validation accuracy after the epoch (NaN when not evaluated)"),
+    ("test_acc", "f4", "test accuracy after the epoch (NaN when not evaluated)"),
+    ("eval_seconds", "f8", "seconds of the evaluation"),
+    ("param_digest", "i8", "digest of the parameters, equal on every trainer: the replicas agree"),
+)
 # Minibatch timers summed into the epoch row.
 EPOCH_TIMERS = ("t_sample", "t_fetch", "t_rma", "t_wait", "t_forward_backward", "t_allreduce", "t_update")
 
 # Why a decision fell back to the configured default, as the ``fallback_code`` column records it.
 FALLBACKS = ("none", "error", "invalid_answer", "timeout", "trainer_finished", "unavailable")
-DECISION_ROW = np.dtype([
-    ("trainer", "i4"),  # the trainer's world rank
-    ("request", "i4"), ("minibatch", "i8"),  # the trainer's request number, and the minibatch it was sent after
-    ("epoch", "i4"), ("remaining", "i8"),
-    ("hitrate", "f4"),  # the window's mean cumulative %-hits
-    ("comm_volume", "f4"),  # the window's mean communication volume per minibatch
-    ("decision", "i1"),  # rudder.agent.protocol: KEEP or EVICT
-    ("hitrate_impact", "i1"), ("comm_impact", "i1"),  # predicted direction (rudder.agent.protocol.IMPACTS)
-    ("latency", "f8"),  # seconds the decision took on the agent
-    ("fallback", "i1"),  # 1 if the fallback decision was used
-    ("fallback_code", "i1"),  # why (FALLBACKS); its text is the ragged ``fallback_reason``
-])
-OUTCOME_ROW = np.dtype([("trainer", "i4"), ("request", "i4"), ("applied_minibatch", "i8"), ("evicted", "i8"),
-                        ("candidates", "i8")])
+DECISION_ROW = table(
+    "decisions",
+    ("trainer", "i4", "the trainer's world rank"),
+    ("request", "i4", "the trainer's request number"),
+    ("minibatch", "i8", "the minibatch the request was sent after"),
+    ("epoch", "i4", "its epoch"),
+    ("remaining", "i8", "minibatches the trainer had left after it"),
+    ("hitrate", "f4", "the window's mean cumulative %-hits"),
+    ("comm_volume", "f4", "the window's mean communication volume per minibatch"),
+    ("decision", "i1", "0 keep, 1 evict (rudder.agent.protocol)"),
+    ("hitrate_impact", "i1", "predicted hit-rate direction: 0 stagnant, 1 increase, 2 decrease"),
+    ("comm_impact", "i1", "predicted communication direction, likewise"),
+    ("latency", "f8", "seconds the decision took on the agent"),
+    ("fallback", "i1", "1 if the configured fallback decision was used"),
+    ("fallback_code", "i1", "why (FALLBACKS); its words are the ragged fallback_reason"),
+)
+OUTCOME_ROW = table(
+    "outcomes",
+    ("trainer", "i4", "the trainer's world rank"),
+    ("request", "i4", "the request whose decision was applied"),
+    ("applied_minibatch", "i8", "the minibatch that applied it"),
+    ("evicted", "i8", "rows its replacement evicted"),
+    ("candidates", "i8", "eviction candidates on that minibatch"),
+)
 
 # The classifier baselines' training rows (collection mode): the features as the agent would see
 # them just before a replacement, the rows it evicted, and the interval's means before and after.
@@ -79,9 +116,15 @@ CLASSIFIER_FEATURES = ("log_nodes", "log_edges", "num_parts", "log_batch_size", 
                        "progress", "hitrate", "comm_per_seed", "candidate_fraction", "refetched_per_seed",
                        "last_evicted_fraction")
 TRACE_PHASE = ("hitrate", "comm_volume", "refetched")  # what pre/post compare
-CLASSIFIER_TRACE_ROW = np.dtype([("interval", "i4"), ("minibatch", "i8"), *[(f, "f8") for f in CLASSIFIER_FEATURES],
-                                 ("evicted", "i8"), *[(f"pre_{m}", "f8") for m in TRACE_PHASE],
-                                 *[(f"post_{m}", "f8") for m in TRACE_PHASE]])
+CLASSIFIER_TRACE_ROW = table(
+    "classifier_trace",
+    ("interval", "i4", "the replacement interval"),
+    ("minibatch", "i8", "the minibatch of the replacement that opened it"),
+    *[(f, "f8", "feature (rudder.agent.features)") for f in CLASSIFIER_FEATURES],
+    ("evicted", "i8", "rows the replacement evicted"),
+    *[(f"pre_{m}", "f8", f"mean {m} over the interval before the replacement") for m in TRACE_PHASE],
+    *[(f"post_{m}", "f8", f"mean {m} over the interval after it") for m in TRACE_PHASE],
+)
 
 # Ragged sets: one variable-length row per minibatch (trainers) or per decision (agents).
 TRACE = "trace_remote_inputs"  # int64: a minibatch's remote input IDs (--trace)
@@ -117,3 +160,17 @@ def upgrade(table: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if "fallback_code" in dtype.names and "fallback_code" not in table.dtype.names and "fallback" in table.dtype.names:
         out["fallback_code"] = np.where(table["fallback"] != 0, FALLBACKS.index("error"), 0)
     return out
+
+
+def tables_markdown() -> str:
+    """The column tables of docs/logs.md."""
+    out = []
+    for name, meanings in MEANINGS.items():
+        dtype = {**TRAINER_TABLES, **AGENT_TABLES, "classifier_trace": CLASSIFIER_TRACE_ROW}[name]
+        out += [f"### `{name}`", "", "| column | type | |", "|---|---|---|"]
+        out += [f"| `{c}` | {dtype[c].str.lstrip('<|=')} | {meanings[c]} |" for c in dtype.names] + [""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(tables_markdown(), end="")
