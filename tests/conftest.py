@@ -61,31 +61,20 @@ def run_train(ranks: int, *args, timeout=300, env=None):
 
 
 def read_logs(run_dir) -> list[dict]:
-    """Every rank's log in RUN_DIR, in rank order, read into memory (files closed again):
-    ``attrs``, the parsed ``layout`` and ``run``, ``role``, ``status``, and each table there
-    (``minibatches``, ``epochs``, ``decisions``, ``outcomes``, ``classifier_trace``, ``trace/offsets``,
-    ``trace/values``), and an agent's ``prompt``, ``answer`` and ``fallback_reason`` texts.
-    Opened without HDF5's file lock, as a live log must be."""
+    """Every rank's log in RUN_DIR, in rank order, read by the library's reader
+    (``rudder.logs.reader``): ``attrs`` (JSON ones parsed), ``layout``, ``run``, ``role``,
+    ``status``, each table there (``minibatches``, ``epochs``, ``decisions``, ``outcomes``,
+    ``classifier_trace``), a trainer's ``trace`` (remote input IDs per minibatch, with ``--trace``)
+    and an agent's ``prompt``, ``answer`` and ``fallback_reason`` texts."""
     import glob
-    import json
 
-    import h5py
+    from rudder.logs.reader import read_rank
 
     out = []
     for path in sorted(glob.glob(os.path.join(str(run_dir), "rank-*.h5"))):
-        with h5py.File(path, "r", locking=False) as f:
-            attrs = dict(f.attrs)
-            entry = {"attrs": attrs, "layout": json.loads(attrs["layout"]), "run": json.loads(attrs["run"]),
-                     "role": attrs["role"], "status": attrs["status"]}
-            entry.update({name: f[name][()] for name in ("minibatches", "epochs", "decisions", "outcomes", "classifier_trace")
-                          if name in f})
-            for name in ("prompt", "answer", "fallback_reason"):  # an agent's ragged text, one string per decision
-                if name in f:
-                    offsets, values = f[f"{name}/offsets"][()], f[f"{name}/values"][()].tobytes()
-                    entry[name] = [values[a:b].decode() for a, b in zip(offsets[:-1], offsets[1:])]
-            if "trace_remote_inputs" in f:
-                entry.update({f"trace/{k}": f[f"trace_remote_inputs/{k}"][()] for k in ("offsets", "values")})
-            out.append(entry)
+        log = read_rank(path)
+        out.append({"attrs": log.attrs, "layout": log.layout, "run": log.run, "role": log.role, "status": log.status,
+                    **log.tables, **log.texts, "trace": log.trace})
     return out
 
 

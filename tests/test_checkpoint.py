@@ -65,7 +65,7 @@ def start(ranks, args):
 
 def assert_same_run(a_run, b_run):
     for a, b in zip(read_logs(a_run), read_logs(b_run), strict=True):
-        assert b["status"] == "completed" and json.loads(b["attrs"]["resumed"])
+        assert b["status"] == "completed" and b["attrs"]["resumed"]
         for column in COLUMNS:
             np.testing.assert_array_equal(a["minibatches"][column], b["minibatches"][column], err_msg=column)
         for column in ("epoch", "complete", "param_digest", "val_acc", "test_acc", "steps"):
@@ -101,7 +101,7 @@ def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(parts, uninterrup
     proc = run_train(2, "--resume", run, "--epochs", "20", "--progress", "none")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_run(uninterrupted["fixed"], run)
-    assert json.loads(read_logs(run)[0]["attrs"]["resumed"])[0]["rows"]["minibatches"] == killed_at + 1
+    assert read_logs(run)[0]["attrs"]["resumed"][0]["rows"]["minibatches"] == killed_at + 1
 
 
 def test_sigterm_checkpoints_then_stops_and_the_run_resumes(parts, uninterrupted, tmp_path):
@@ -159,7 +159,7 @@ def test_agent_contexts_survive_a_resume(parts, tmp_path):
         mb = r["minibatches"]
         assert sorted((mb["epoch"] * 9 + mb["step"]).tolist()) == list(range(180))
     agent = logs[2]
-    assert json.loads(agent["attrs"]["resumed"])[0]["rows"]["decisions"] == saved["log_rows"]["decisions"]
+    assert agent["attrs"]["resumed"][0]["rows"]["decisions"] == saved["log_rows"]["decisions"]
     assert agent["decisions"]["minibatch"][saved["log_rows"]["decisions"]:].min() > counter  # decided after it
     # A checkpoint notice behind a request is not a goodbye: only the resumed run's last
     # requests (one per trainer at most) may be cut off.
@@ -175,7 +175,7 @@ def test_bad_resume_input_is_one_line(parts, uninterrupted, tmp_path):
     ck = tmp_path / "run" / "checkpoint"
     ck.mkdir(parents=True)
     record = {"format_version": FORMAT_VERSION, "counter": 5, "epoch": 0, "step": 5, "world_size": 3,
-              "config": json.loads(read_logs(uninterrupted["fixed"])[0]["attrs"]["config"])}
+              "config": read_logs(uninterrupted["fixed"])[0]["attrs"]["config"]}
     (ck / "latest.json").write_text(json.dumps(record))
     with pytest.raises(ConfigError, match="--fanouts .* differs from the checkpointed run"):
         parse_config(["--resume", str(tmp_path / "run"), "--fanouts", "5,5"])

@@ -67,8 +67,8 @@ def test_collection_rows_agree_with_the_minibatch_log(traces):
 
 
 def trace_facts(r):
-    run, data = r["run"], json.loads(r["attrs"]["data"])
-    cfg = json.loads(r["attrs"]["config"])
+    run, data = r["run"], r["attrs"]["data"]
+    cfg = r["attrs"]["config"]
     return {"num_nodes": data["num_nodes"], "num_edges": data["num_edges"], "num_parts": data["num_parts"],
             "batch_size": run["batch_size"], "halo": run["halo_nodes"], "capacity": run["buffer_capacity"],
             "total_minibatches": run["steps_per_epoch"] * cfg["epochs"]}
