@@ -78,6 +78,19 @@ def read_logs(run_dir) -> list[dict]:
     return out
 
 
+def rank_pids(run) -> list[int]:
+    """PIDs of the Python ranks writing into ``run`` (not mpiexec's)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"python" in os.path.basename(argv[0]) and str(run).encode() in argv:
+            pids.append(int(pid))
+    return pids
+
+
 def run_cli(*args, cwd=REPO, timeout=300, env=None):
     """Run ``python -m partitioning ARGS`` as a user would; returns the CompletedProcess."""
     full_env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))

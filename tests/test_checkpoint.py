@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, read_logs, run_train, train_command
+from conftest import BUNDLED_CORA, rank_pids, read_logs, run_train, train_command
 
 COLUMNS = ("epoch", "step", "seeds", "input_nodes", "hits", "misses", "refills", "replaced", "refetched", "loss",
            "global_loss")
@@ -36,19 +36,6 @@ LONG = 200  # epochs of an interrupted run: it must still be running when the si
 def flags(parts, policy, epochs=20):
     return ["--data", parts, "--policy", policy, "--delta", "3", "--batch-size", "8", "--epochs", str(epochs),
             "--eval-every", "10", "--progress", "none"]
-
-
-def rank_pids(run) -> list[int]:
-    """PIDs of the Python ranks writing into ``run`` (not mpiexec's)."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if b"python" in os.path.basename(argv[0]) and str(run).encode() in argv:
-            pids.append(int(pid))
-    return pids
 
 
 def latest_counter(run) -> int:

@@ -25,6 +25,7 @@ import os
 import threading
 import time
 
+import h5py
 import numpy as np
 
 from rudder.logs.schema import FORMAT_NAME, FORMAT_VERSION, record
@@ -40,8 +41,6 @@ class RunLog:
         """``resume_rows``: continue the existing log at ``path`` (a run resumed from a
         checkpoint), cut back to these row counts per table and ragged set first, so rows the
         interrupted run wrote after its checkpoint are neither kept twice nor lost."""
-        import h5py
-
         self.path, self.flush_seconds = path, flush_seconds
         self.tables = {name: np.dtype(dt) for name, dt in tables.items()}
         self.ragged = {name: np.dtype(dt) for name, dt in (ragged or {}).items()}
@@ -50,6 +49,8 @@ class RunLog:
         self.ragged_end = dict.fromkeys(self.ragged, 0)
         self.last_flush = time.monotonic()
         self.lock = threading.Lock()  # rows may come from the pipeline thread too (a policy's own table)
+        # one flush at a time: a watchdog or abort may close the log from another thread
+        self.flushing = threading.Lock()
         self.written = dict.fromkeys([*self.tables, *self.ragged], 0)  # rows on disk
         if resume_rows is not None:
             self._reopen(attrs, resume_rows)
@@ -66,8 +67,6 @@ class RunLog:
                 f.create_dataset(f"{name}/offsets", data=np.zeros(1, dtype=np.int64), maxshape=(None,), chunks=(4096,))
 
     def _reopen(self, attrs: dict, rows: dict[str, int]) -> None:
-        import h5py
-
         with h5py.File(self.path, "a", locking=False) as f:
             for name in self.tables:
                 n = rows.get(name, 0)
@@ -104,8 +103,14 @@ class RunLog:
 
     def flush(self, **attrs) -> None:
         """Append buffered rows (and set ``attrs``), leaving a closed, complete file."""
-        import h5py
+        if not self.flushing.acquire(timeout=30):
+            raise TimeoutError(f"{self.path}: another flush has held the log for 30 s")
+        try:
+            self._flush(attrs)
+        finally:
+            self.flushing.release()
 
+    def _flush(self, attrs: dict) -> None:
         with self.lock:  # take what is buffered; appends meanwhile go to fresh lists
             taken_rows, self.rows = self.rows, {name: [] for name in self.tables}
             taken_pieces, self.pieces = self.pieces, {name: [] for name in self.ragged}

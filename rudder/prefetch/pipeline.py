@@ -37,11 +37,13 @@ class Prepared:
 
 
 class MinibatchPipeline:
-    def __init__(self, schedule, sampler, assembler, depth: int, lookahead: int = 0, snapshot=None):
+    def __init__(self, schedule, sampler, assembler, depth: int, lookahead: int = 0, snapshot=None, watch=None):
         """``schedule``: iterator of (epoch, step, seeds) over the whole run; ``snapshot``:
         ``(epoch, step) -> dict | None``, called right after a minibatch is assembled, before the
-        next one changes anything (a checkpoint's buffer and policy state)."""
+        next one changes anything (a checkpoint's buffer and policy state); ``watch(what)``: told
+        what the preparing thread is doing (a watchdog's)."""
         self.schedule, self.sampler, self.assembler = schedule, sampler, assembler
+        self.watch = watch or (lambda what: None)
         self.depth, self.lookahead, self.snapshot = depth, lookahead, snapshot
         self.ahead: collections.deque = collections.deque()  # sampled, not yet assembled
         self.done = False
@@ -58,6 +60,7 @@ class MinibatchPipeline:
         except StopIteration:
             return False
         t = time.perf_counter()
+        self.watch(f"sampling minibatch {epoch}:{step} (adjacency reads by RMA)")
         mb = self.sampler.sample(seeds, key=(epoch, step))
         self.ahead.append((epoch, step, seeds, mb, time.perf_counter() - t))
         return True
@@ -70,9 +73,11 @@ class MinibatchPipeline:
         epoch, step, seeds, mb, t_sample = self.ahead.popleft()
         t = time.perf_counter()
         future = [item[3].input_nodes for item in self.ahead]
+        self.watch(f"assembling the inputs of minibatch {epoch}:{step} (feature rows by RMA)")
         x, stats = self.assembler.assemble(mb.input_nodes, future)
         t_assemble = time.perf_counter() - t
         state = self.snapshot(epoch, step) if self.snapshot is not None else None
+        self.watch(f"minibatch {epoch}:{step} prepared, waiting to hand it over")
         return Prepared(epoch, step, seeds, mb, x, stats, t_sample, t_assemble, state)
 
     def _produce(self) -> None:

@@ -71,6 +71,9 @@ class TrainingSection:
     eval_every: int = option(5, "epochs between evaluations (0: only at the end); full-neighbour layer-wise inference, "
                              "not counted in training time", check=(lambda v: v >= 0, "a non-negative integer"))
     eval_batch_size: int = option(100_000, "seeds per evaluation minibatch", check=POSITIVE)
+    stall_timeout: float = option(600.0, "end the whole job, with one line naming the rank and what it waited for, when "
+                                  "a trainer makes no progress for this many seconds (a dead link, a hung rank); 0: never",
+                                  resumable=True, check=(lambda v: v >= 0, "0 (never) or a number of seconds"))
 
 
 @dataclass

@@ -22,7 +22,7 @@ from rudder.sampling.schedule import my_share
 
 @torch.no_grad()
 def evaluate(model, layout, meta, partition, features: NodeRows, adjacency, exposer, eval_sets: dict[str, np.ndarray],
-             batch_size: int, device) -> dict[str, float]:
+             batch_size: int, device, progress=lambda: None) -> dict[str, float]:
     """Accuracy on each named set of seeds (global IDs owned by this partition, already split
     among the node's trainers), over all trainers."""
     from mpi4py import MPI
@@ -44,6 +44,7 @@ def evaluate(model, layout, meta, partition, features: NodeRows, adjacency, expo
         for lo in range(0, mine.size, batch_size):
             dst = mine[lo:lo + batch_size]
             target[dst - start] = _layer_output(model, layer, full, current, dst, device).cpu().numpy()
+            progress()
         rows.publish()
         if hidden_rows is not None:
             hidden_rows.close()
@@ -55,6 +56,7 @@ def evaluate(model, layout, meta, partition, features: NodeRows, adjacency, expo
             logits = _layer_output(model, num_layers - 1, full, current, dst, device)
             labels = torch.from_numpy(partition.labels[dst - start]).to(device)
             counts[2 * i] += int((logits.argmax(dim=1) == labels).sum())
+            progress()
         counts[2 * i + 1] = seeds.size
     layout.trainers.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
     if hidden_rows is not None:

@@ -24,8 +24,9 @@ from mpi4py import MPI
 from rudder.agent.link import AgentLink
 from rudder.agent.protocol import trainer_facts
 from rudder.comm.layout import exposer_table
-from rudder.comm.runtime import library_versions
+from rudder.comm.runtime import abort_job, library_versions
 from rudder.comm.shared_memory import NodeSharedArrays
+from rudder.comm.watchdog import Watchdog
 from rudder.data.adjacency import Adjacency
 from rudder.data.dgl_bridge import to_blocks
 from rudder.data.feature_store import FeatureStore
@@ -58,6 +59,9 @@ class Trainer:
         """Collective over the trainers: reads this rank's partition, opens the RMA windows,
         builds and broadcasts the model, builds the buffer and its policy, creates the rank's log."""
         self.cfg, self.layout, self.meta, self.stop = cfg, layout, meta, stop
+        self.log = None
+        self.watchdog = Watchdog(cfg.training.stall_timeout, self._stalled)
+        self.watchdog.doing("training thread", "building the trainer (partition, RMA windows, model, buffer)")
         self.resumed: Resumed | None = load_resumed(cfg.output.run_dir, layout.world.rank) if cfg.checkpoint.resume else None
         self.start = self.resumed.start if self.resumed else 0
         self.device = self._device()
@@ -80,7 +84,13 @@ class Trainer:
             torch.set_num_threads(layout.threads_per_rank - 1)
         self.pipeline = MinibatchPipeline(self.schedule(self.start), self.sampler, self.features,
                                           cfg.sampling.prefetch_depth, self.policy.lookahead,
-                                          snapshot=self.checkpoints.snapshot_if_due if self.checkpoints.enabled else None)
+                                          snapshot=self.checkpoints.snapshot_if_due if self.checkpoints.enabled else None,
+                                          watch=lambda what: self.watchdog.doing("pipeline thread", what))
+        self.watchdog.progress()
+
+    def _stalled(self, message: str) -> None:
+        """The watchdog saw no progress: end the job (from the watchdog's thread)."""
+        abort_job(None, message, log=self.log)
 
     # -- building ------------------------------------------------------------------------------
     def _device(self) -> torch.device:
@@ -157,7 +167,9 @@ class Trainer:
                           resume_rows=self.resumed.rank_state["log_rows"] if self.resumed else None)
 
     def _open_agent_link(self, window: int, latency: int) -> AgentLink:
+        self.watchdog.doing("training thread", "waiting for the node's agent to be ready (its decider loading)")
         link = AgentLink(self.layout.node, self.facts, window, latency)  # returns once the agent is ready
+        self.watchdog.progress()
         self.log.flush(agent_wait_s=link.waited_for_agent)
         return link
 
@@ -199,8 +211,10 @@ class Trainer:
         return staged.to(self.device, non_blocking=True)
 
     def step(self) -> tuple[np.void, bool]:
+        self.watchdog.doing("training thread", "waiting for the next minibatch's inputs")
         item, waited = self.pipeline.next()
         mb, seeds = item.minibatch, item.seeds
+        self.watchdog.doing("training thread", f"computing minibatch {item.epoch}:{item.step}")
         t2 = time.perf_counter()
         remote = mb.input_nodes[self.meta.owner_of(mb.input_nodes) != self.layout.partition_id]
         if self.cfg.output.trace:
@@ -215,6 +229,7 @@ class Trainer:
             loss.backward()
             loss_sum = float(loss.detach())
         t3 = time.perf_counter()
+        self.watchdog.doing("training thread", f"in the gradient Allreduce of minibatch {item.epoch}:{item.step}")
         totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop(), self.checkpoints.due_by_clock())
         t4 = time.perf_counter()
         if totals.seeds:
@@ -225,6 +240,7 @@ class Trainer:
         self.log.append("minibatches", dict(zip(MINIBATCH_ROW.names, row)))
         self.log.maybe_flush()
         stop = self.checkpoints.after_step(item.epoch, item.step, item.snapshot, totals.checkpoint, totals.stop)
+        self.watchdog.progress()
         return np.array(row, dtype=MINIBATCH_ROW)[()], stop
 
     def _minibatch_fields(self, item: Prepared, remote: np.ndarray, waited: float, loss_sum: float, totals,
@@ -279,8 +295,10 @@ class Trainer:
         every = self.cfg.training.eval_every
         if complete and (epoch == self.cfg.training.epochs - 1 or (every and (epoch + 1) % every == 0)):
             t = time.perf_counter()
+            self.watchdog.doing("training thread", f"evaluating after epoch {epoch}")
             self.last_eval = evaluate(self.model, self.layout, self.meta, self.partition, self.store, self.adjacency,
-                                      self.exposer, self.eval_sets, self.cfg.training.eval_batch_size, self.device)
+                                      self.exposer, self.eval_sets, self.cfg.training.eval_batch_size, self.device,
+                                      progress=self.watchdog.progress)
             result.update(val_acc=self.last_eval["val"], test_acc=self.last_eval["test"],
                           eval_seconds=time.perf_counter() - t)
         digests = self.layout.trainers.allgather(parameter_digest(self.model))
@@ -289,7 +307,9 @@ class Trainer:
         result["param_digest"] = digests[0]
         self.log.append("epochs", result)
         self.log.maybe_flush()
+        self.watchdog.doing("training thread", f"after epoch {epoch} (digests, checkpoint)")
         self.checkpoints.after_epoch()
+        self.watchdog.progress()
         return EpochResult(np.array(record(EPOCH_ROW, result), dtype=EPOCH_ROW)[()], stopped)
 
     # -- the run -------------------------------------------------------------------------------
@@ -318,12 +338,14 @@ class Trainer:
 
     def close(self) -> None:
         """Collective over the trainers: stops the pipeline, frees the RMA windows."""
+        self.watchdog.doing("training thread", "closing (RMA windows freed together)")
         self.pipeline.close()
         self.policy.close()
         if self.shared is not None:
             self.shared.close()
         self.adjacency.close()
         self.store.close()
+        self.watchdog.close()
 
 
 __all__ = ["Trainer", "metrics"]
