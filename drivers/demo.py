@@ -22,6 +22,8 @@ from partitioning.cli import main as partition_main  # noqa: E402
 from partitioning.graph import InputError  # noqa: E402
 from partitioning.verify import verify  # noqa: E402
 from rudder.analysis.decisions import decision_lines, decision_quality, fallback_counts  # noqa: E402
+from rudder.analysis.plots import plots  # noqa: E402
+from rudder.analysis.summary import summarize  # noqa: E402
 from rudder.comm.runtime import find_mpiexec  # noqa: E402
 from rudder.data.partition_store import PartitionFormatError, PartitionMeta  # noqa: E402
 from rudder.logs.reader import load_run  # noqa: E402
@@ -84,9 +86,15 @@ def main() -> int:
         fallbacks = ", ".join(f"{n} {why}" for why, n in fallback_counts(run).items()) or "none"
         print(f"  decisions       {q['count']} by {q['decider']} ({q['evict']} evict, {q['keep']} keep), latency "
               f"{q['latency_mean'] or 0:.2f} s mean; fallbacks: {fallbacks}")
+        answered = q["count"] - sum(fallback_counts(run).values())
+        print(f"  answered        {answered} of {q['count']} by the model ({100 * answered / max(q['count'], 1):.0f}%), "
+              f"latency p50 {q['latency_p50'] or 0:.2f} s, p95 {q['latency_p95'] or 0:.2f} s")
         print("  last answers")
         for line in decision_lines(run, 3, answered_only=True):
             print("    " + line)
+        timeline = [p for p in plots([run], [summarize(run)], os.path.join(a.out, "plots")) if p.endswith("decisions.png")]
+        print(f"  timeline        {timeline[0]} (each decision on its trainer's hit rate; python -m rudder.analyze "
+              f"{run_dir} --plots DIR draws them all)")
     return rc
 
 

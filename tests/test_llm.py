@@ -55,10 +55,15 @@ def test_bad_answers_fall_back(tiny_model):
         assert d.decision == EVICT and d.fallback_reason.startswith("JSONDecodeError") and d.fallback == "invalid_answer"
     finally:
         llm.close()
-    for text in ("", "{}", '{"decision": "maybe", "explanation": "", "expected_impact": {"hitrate": "increase", '
-                 '"comm_volume": "increase"}}'):
+    for text in ("", "{}", '{"decision": "maybe", "hitrate": "up", "comm": "up"}',
+                 '{"decision": "keep", "hitrate": "increase", "comm": "up"}', '{"decision": "keep", "hitrate": "up"}',
+                 '{"decision": "keep", "hitrate": "up", "comm": "up", "why": "' + "x" * 49 + '"}',
+                 '{"decision": "keep", "hitrate": "up", "comm": "up", "extra": 1}'):
         with pytest.raises((ValueError, KeyError)):
             parse_answer(text)
+    d = parse_answer('{"decision": "evict", "hitrate": "up", "comm": "flat", "why": "HR is 0"}')
+    assert (d.decision, d.hitrate_impact, d.comm_impact, d.explanation) == (EVICT, "increase", "stagnant", "HR is 0")
+    assert parse_answer('{"decision": "keep", "hitrate": "down", "comm": "up"}').explanation == ""  # the reason is optional
 
 
 def test_model_lookup(tmp_path):

@@ -48,6 +48,7 @@ def decision_quality(run: Run) -> dict:
             "evict": int((d["decision"] == 1).sum()), "keep": int((d["decision"] == 0).sum()),
             "fallback_rate": float((d["fallback"] != 0).mean()) if d.size else 0.0,
             "latency_mean": float(latency.mean()) if d.size else None,
+            "latency_p50": float(np.percentile(latency, 50)) if d.size else None,
             "latency_p95": float(np.percentile(latency, 95)) if d.size else None,
             "gap_mean": float(np.mean(gaps)) if gaps else None,
             "interval_mean": float(np.mean(intervals)) if intervals else None,

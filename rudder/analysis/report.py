@@ -37,6 +37,7 @@ FIGURES = [  # (label, path into the summary, format[, scale]); text figures get
     ("evict decisions", ("decisions", "evict"), "{} "),
     ("fallback rate", ("decisions", "fallback_rate"), "{:.3f}"),
     ("decision latency s", ("decisions", "latency_mean"), "{:.4f}"),
+    ("latency p50 s", ("decisions", "latency_p50"), "{:.4f}"),
     ("latency p95 s", ("decisions", "latency_p95"), "{:.4f}"),
     ("request-to-apply gap", ("decisions", "gap_mean"), "{:.2f}"),
     ("Pass@1 hit rate", ("decisions", "pass_at_1_hitrate", "value"), "{:.3f}"),
@@ -92,8 +93,8 @@ SCHEMA = {
                "evictions": int, "replacements": int, "comm_volume": int, "hit_percent_by_epoch": list},
     "bound": ({"achieved_rows": int, "min_rows": int, "infinite_rows": int, "achieved_over_min": (float, None)}, None),
     "decisions": ({"decider": str, "count": int, "evict": int, "keep": int, "fallback_rate": float,
-                   "latency_mean": (float, None), "latency_p95": (float, None), "gap_mean": (float, None),
-                   "interval_mean": (float, None),
+                   "latency_mean": (float, None), "latency_p50": (float, None), "latency_p95": (float, None),
+                   "gap_mean": (float, None), "interval_mean": (float, None),
                    "pass_at_1_hitrate": {"value": (float, None), "ci95": (float, None), "n": int},
                    "pass_at_1_comm": {"value": (float, None), "ci95": (float, None), "n": int}}, None),
 }

@@ -3,8 +3,9 @@
 The prompt (system: the run's static facts and the rules; user: the latest window and the
 last 5 outcomes) comes from editable template files in ``rudder/agent/prompts`` (version:
 ``PROMPT_VERSION``, logged with every run). The answer is constrained by a GBNF grammar to exactly
-``{"decision": "evict"|"keep", "explanation": TEXT, "expected_impact": {"hitrate": D,
-"comm_volume": D}}`` and then parsed and validated; anything else (an exception, an unparseable
+``{"decision": "evict"|"keep", "hitrate": D, "comm": D[, "why": TEXT]}`` (D one of up, down,
+flat; the reason optional and at most 48 characters: the answer's tokens are most of a
+decision's time) and then parsed and validated; anything else (an exception, an unparseable
 answer) becomes the configured fallback decision with its code and reason logged, never an
 error. The model runs in-process or behind an OpenAI-compatible server (``llm_backends``).
 """
@@ -15,32 +16,33 @@ import os
 
 from rudder.agent.deciders.base import Decider, TrainerContext, register_decider
 from rudder.agent.deciders.llm_backends import DecisionCutOff, InProcessModel, ServerModel, probe_server, resolve_model
-from rudder.agent.protocol import EVICT, HELLO_FIELDS, IMPACTS, KEEP, WINDOW_METRICS, Decision
+from rudder.agent.protocol import EVICT, HELLO_FIELDS, KEEP, WINDOW_METRICS, Decision
 
 # 2: the trainer's statistics moved to the end of the system prompt, so the rules (the same for
-# every trainer) stay in the model's prefix cache between trainers (SmolLM2-135M, 1 thread: mean
-# latency 3.1 -> 2.7 s here; the answer's own ~70 tokens are most of the rest).
-PROMPT_VERSION = 2
+# every trainer) stay in the model's prefix cache between trainers.
+# 3: a compact answer, decision first, its reason optional and capped; the trainer's statistics in
+# the user message, so the whole system prompt is one cached prefix (docs/results-agent.md).
+PROMPT_VERSION = 3
 PROMPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "prompts")
+# The answer's words for a predicted direction, and what they mean (rudder.agent.protocol.IMPACTS)
+DIRECTIONS = {"up": "increase", "down": "decrease", "flat": "stagnant"}
+REASON_CHARS = 48
 GRAMMAR = "\n".join([
     "",
-    r'root ::= "{" ws "\"decision\":" ws decision "," ws "\"explanation\":" ws text "," ws '
-    r'"\"expected_impact\":" ws "{" ws "\"hitrate\":" ws impact "," ws "\"comm_volume\":" ws impact ws "}" ws "}"',
+    r'root ::= "{\"decision\": " decision ", \"hitrate\": " direction ", \"comm\": " direction why? "}"',
     r'decision ::= "\"evict\"" | "\"keep\""',
-    r'impact ::= "\"increase\"" | "\"decrease\"" | "\"stagnant\""',
-    r'text ::= "\"" [a-zA-Z0-9 .,;:!?%()+=-]{0,120} "\""',
-    r'ws ::= " "?',
+    r'direction ::= "\"up\"" | "\"down\"" | "\"flat\""',
+    r'why ::= ", \"why\": \"" [a-zA-Z0-9 .,;:!?%()+=-]{0,' + str(REASON_CHARS) + r'} "\""',
     "",
 ])
 # The same format as a JSON schema, for servers that take OpenAI's response_format.
 SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["decision", "explanation", "expected_impact"],
+    "type": "object", "additionalProperties": False, "required": ["decision", "hitrate", "comm"],
     "properties": {
         "decision": {"type": "string", "enum": ["evict", "keep"]},
-        "explanation": {"type": "string", "maxLength": 120},
-        "expected_impact": {"type": "object", "additionalProperties": False, "required": ["hitrate", "comm_volume"],
-                            "properties": {"hitrate": {"type": "string", "enum": list(IMPACTS)},
-                                           "comm_volume": {"type": "string", "enum": list(IMPACTS)}}},
+        "hitrate": {"type": "string", "enum": list(DIRECTIONS)},
+        "comm": {"type": "string", "enum": list(DIRECTIONS)},
+        "why": {"type": "string", "maxLength": REASON_CHARS},
     },
 }
 
@@ -72,12 +74,13 @@ def fallback_code(e: Exception) -> str:
 def parse_answer(text: str) -> Decision:
     """The model's JSON answer as a Decision; raises ValueError when it is not one."""
     d = json.loads(text)
-    impact = d["expected_impact"]
-    if (d["decision"] not in ("evict", "keep") or impact["hitrate"] not in IMPACTS or impact["comm_volume"] not in IMPACTS
-            or not isinstance(d["explanation"], str)):
+    why = d.get("why", "")
+    if (not isinstance(d, dict) or set(d) - {"decision", "hitrate", "comm", "why"} or d["decision"] not in ("evict", "keep")
+            or d["hitrate"] not in DIRECTIONS or d["comm"] not in DIRECTIONS or not isinstance(why, str)
+            or len(why) > REASON_CHARS):
         raise ValueError(f"unexpected values in {text[:200]!r}")
-    return Decision(EVICT if d["decision"] == "evict" else KEEP, impact["hitrate"], impact["comm_volume"],
-                    str(d["explanation"]), raw=text)
+    return Decision(EVICT if d["decision"] == "evict" else KEEP, DIRECTIONS[d["hitrate"]], DIRECTIONS[d["comm"]], why,
+                    raw=text)
 
 
 @register_decider("llm")
@@ -107,9 +110,10 @@ class LLM(Decider):
             probe_server(cfg.llm.url)
 
     def prompt(self, ctx: TrainerContext) -> tuple[str, str]:
+        """(system, user): the system prompt is the same for every request (one cached prefix)."""
         facts = {k: int(v) for k, v in ctx.facts.items()}
         latest = {k: (int(v) if k in ("epoch", "step", "counter", "remaining") else v) for k, v in ctx.latest.items()}
-        return self.system.format(**facts), self.user.format(**latest, history=history_lines(ctx))
+        return self.system, self.user.format(**facts, **latest, history=history_lines(ctx))
 
     def decide(self, ctx: TrainerContext) -> Decision:
         system, user = self.prompt(ctx)
