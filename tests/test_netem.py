@@ -255,6 +255,7 @@ def test_faults_take_the_link_down_and_bring_it_back(tmp_path, links, qdisc):
     (["--rate", "1gbit", "--fault", "down@soon", "--", "true"], "--fault"),
     (["--rate", "1gbit", "--burst", "1kb", "--", "true"], "--burst"),
     (["--rate", "1gbit", "--links", "per-node", "--", "true"], "--nodes"),
+    (["--rate", "1gbit", "--stats", "/nonexistent/stats.json", "--", "true"], "--stats"),
     (["--rate", "1gbit"], "no command"),
     (["--", "true"], "--rate"),
 ])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import signal
 import sys
 import time
@@ -72,6 +73,8 @@ def run(a: argparse.Namespace, command: list[str]) -> int:
     if not 1 <= nodes <= 250:
         raise NetemError(f"--nodes: expected 1 to 250 emulated nodes, got {nodes or 'none'}"
                          + ("" if nodes else " (the command is not `mpiexec -n N ...`: give --nodes)"))
+    if a.stats and not os.path.isdir(os.path.dirname(os.path.abspath(a.stats))):
+        raise NetemError(f"--stats: the folder of {a.stats} does not exist")
     if not 576 <= a.mtu <= 65535:
         raise NetemError(f"--mtu: expected 576 to 65535 bytes, got {a.mtu}")
     profile = parse_profile(a.congestion, nodes) if a.congestion else None
@@ -100,16 +103,16 @@ def run(a: argparse.Namespace, command: list[str]) -> int:
         injector.stop()
         if flow:
             flow.stop()
-        stats = {"topology": a.links, "nodes": nodes, "rate": format_rate(shaper.rate), "rate_bit": shaper.rate,
-                 "qdisc": shaper.qdisc, "burst_bytes": shaper.burst, "mtu": a.mtu if a.links == "per-node" else None,
-                 "addresses": network.addresses, "namespaces": {ns.name: ns.inode for ns in network.namespaces},
-                 "command": job.argv, "env": {k: job.env[k] for k in TRANSPORT}, "started": started,
-                 "elapsed_s": round(elapsed, 3), "returncode": returncode,
-                 "links": [counters(link) for link in network.links],
-                 "congestion": flow.report() if flow else None, "faults": injector.report()}
+        links = [counters(link) for link in network.links]  # while the namespaces are still held
     finally:
         network.close()
-    stats["crossed_bytes"] = sum(end["sent_bytes"] for end in stats["links"] if end["end"] in ("lo", "node"))
+    stats = {"topology": a.links, "nodes": nodes, "rate": format_rate(shaper.rate), "rate_bit": shaper.rate,
+             "qdisc": shaper.qdisc, "burst_bytes": shaper.burst, "mtu": a.mtu if a.links == "per-node" else None,
+             "addresses": network.addresses, "namespaces": {ns.name: ns.inode for ns in network.namespaces},
+             "command": job.argv, "env": {k: job.env[k] for k in TRANSPORT}, "started": started,
+             "elapsed_s": round(elapsed, 3), "returncode": returncode, "links": links,
+             "crossed_bytes": sum(end["sent_bytes"] for end in links if end["end"] in ("lo", "node")),
+             "congestion": flow.report() if flow else None, "faults": injector.report()}
     summarise(stats)
     if a.stats:
         with open(a.stats, "w") as f:
