@@ -2,7 +2,7 @@
 the layers below them (docs/architecture.md), no module is part of a cycle, nothing imports a
 rudder module from inside a function, the offline analysis never imports MPI (not even through
 another module), and the run path (what drivers/train.py imports) never reaches the analysis or
-the simulator."""
+the simulator or the network shaper."""
 from __future__ import annotations
 
 import ast
@@ -10,10 +10,11 @@ import os
 
 from conftest import REPO
 
-# Bottom up; a module may import its own layer and the layers before it. The two offline tools
-# come last and do not import each other. The entry modules kept for ``python -m`` names come
+# Bottom up; a module may import its own layer and the layers before it. The offline tools come
+# last and do not import each other; netem (the shaped network) imports no other layer at all and
+# no layer imports it. The entry modules kept for ``python -m`` names come
 # after everything and nothing imports them.
-LAYERS = ["registry", "comm", "logs", "data", "sampling", "agent", "prefetch", "train", "sim", "analysis"]
+LAYERS = ["registry", "comm", "logs", "data", "sampling", "agent", "prefetch", "train", "sim", "analysis", "netem"]
 ENTRY_MODULES = {"rudder.analyze", "rudder.simulate", "rudder.classifier"}
 MPI = "mpi4py"
 
@@ -119,6 +120,9 @@ def test_no_cycles_and_layers_import_downwards():
     tools = [f"{m} -> {t}" for m, targets in internal.items() for t in targets
              if {m.split(".")[1], t.split(".")[1]} == {"sim", "analysis"}]
     assert tools == [], tools  # the two offline tools stand side by side
+    netem = [f"{m} -> {t}" for m, targets in internal.items() for t in targets
+             if (m.split(".")[1] == "netem") != (t.split(".")[1] == "netem")]
+    assert netem == [], netem  # the shaped network stands alone
     assert {m: t for m, t in in_functions.items() if t} == {}  # no function-local import dodging a cycle
 
 
@@ -128,7 +132,7 @@ def test_analysis_imports_no_mpi_and_the_run_path_no_tool():
     assert not [m for m in analysis if MPI in external[m]], "the analysis reaches mpi4py"
     run_path = closure(internal, {"rudder.train.job"})
     assert "rudder.train.trainer" in run_path and "rudder.agent.server" in run_path  # the walk follows the driver
-    assert not [m for m in run_path if m.startswith(("rudder.analysis", "rudder.sim"))]
+    assert not [m for m in run_path if m.startswith(("rudder.analysis", "rudder.sim", "rudder.netem"))]
 
 
 def test_the_walk_catches_what_it_forbids():

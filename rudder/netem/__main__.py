@@ -1,0 +1,5 @@
+import sys
+
+from rudder.netem.cli import main
+
+sys.exit(main())
