@@ -99,10 +99,11 @@ def free_port_base(span: int) -> int:
 
 
 def run(config: str, nparts: int, run_dir: str, *, epochs: int, batch_size: int, fanouts: str, hidden: int,
-        lr: float, dropout: float, seed: int, timeout: int = 1800) -> dict:
-    """One DistDGL training run; returns the runner's summary (epoch times, rows, accuracy)."""
+        lr: float, dropout: float, seed: int, timeout: int = 1800, wrapper: list[str] = ()) -> dict:
+    """One DistDGL training run (behind ``wrapper``, e.g. a shaped network); returns the runner's
+    summary (epoch times, rows, accuracy)."""
     os.makedirs(run_dir, exist_ok=True)
-    cmd = [sys.executable, os.path.join(RUNNER, "launch_local.py"), "--graph-name", "g", "--part-config", config,
+    cmd = [*wrapper, sys.executable, os.path.join(RUNNER, "launch_local.py"), "--graph-name", "g", "--part-config", config,
            "--nparts", str(nparts), "--timeout", str(timeout), "--port-base", str(free_port_base(nparts)),
            "--run-dir", run_dir, "--", "--epochs", str(epochs), "--batch-size", str(batch_size), "--fanouts", fanouts,
            "--hidden", str(hidden), "--lr", str(lr), "--dropout", str(dropout), "--seed", str(seed),

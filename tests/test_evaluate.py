@@ -157,3 +157,48 @@ def test_a_bad_grid_is_one_line(tmp_path, text, expected):
     proc = evaluate("--grid", grid, "--out", tmp_path / "out")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and expected in proc.stderr and str(grid) in proc.stderr
+
+
+NETWORK_GRID = """
+name = "network"
+epochs = 2
+hidden = 16
+
+[datasets]
+cora = { spec = "bundled:cora", batch_sizes = [16] }
+
+[grid]
+ranks = [2]
+fractions = [0.25]
+policies = ["none-serial", "none", "static"]
+
+[network]
+rates = ["none", "250mbit"]
+links = ["shared"]
+"""
+
+
+def test_a_network_grid_runs_every_policy_under_the_same_shaping(tmp_path):
+    """[network]: each configuration again under rudder.netem; its traffic crossed the shaping, its
+    rows are the unshaped runs' exactly, and the report says the network and the wait share."""
+    from rudder.netem.namespaces import support_problem
+
+    if support_problem():
+        pytest.skip(f"no shaped network on this machine: {support_problem()}")
+    grid = tmp_path / "network.toml"
+    grid.write_text(NETWORK_GRID)
+    proc = evaluate("--grid", grid, "--seed", "0", "--out", tmp_path / "out", "--no-validate")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    configs = results["grid"]["configs"]
+    assert sorted(configs) == ["cora-p2-b16-f10_25", "cora-p2-b16-f10_25-r250mbit-shared"]
+    plain, shaped = configs["cora-p2-b16-f10_25"], configs["cora-p2-b16-f10_25-r250mbit-shared"]
+    for label, fig in shaped["runs"].items():
+        assert fig["rows_per_epoch"] == plain["runs"][label]["rows_per_epoch"]  # shaping changes time, not rows
+        stats = json.loads(open(os.path.join(fig["run"], "netem.json")).read())
+        logged = sum(int(x["minibatches"]["bytes_rma"].sum()) for x in read_logs(fig["run"]))
+        assert stats["returncode"] == 0 and stats["crossed_bytes"] >= logged > 0
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "Network: 250mbit, one link shared by every rank. `none-serial` waits for remote data" in md
+    assert "Network: unshaped (loopback)" in md and "inside `python -m rudder.netem`" in md
+    assert shaped["runs"]["none-serial"]["wait_share"] > 0

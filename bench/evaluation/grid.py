@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import sys
 import tomllib
+import zlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED = os.path.join(REPO, "..", "shared", "data")
@@ -53,7 +56,29 @@ def load_grid(path: str) -> dict:
             raise GridError(f"--grid {path}: dataset {name!r}: unknown key {sorted(extra)[0]!r} "
                             "(spec, ranks, batch_sizes, fanouts)")
         grid["datasets"][name] = entry
+    check_network(grid.get("network"), path)
     return grid
+
+
+RATE = re.compile(r"[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)")
+
+
+def check_network(net: dict | None, path: str) -> None:
+    """[network]: rates = ["1gbit", ...] ("none": unshaped), links = ["shared"|"per-node", ...],
+    congestion = ["none" | a netem profile, ...]."""
+    if net is None:
+        return
+    extra = set(net) - {"rates", "links", "congestion"}
+    if extra:
+        raise GridError(f"--grid {path}: [network] unknown key {sorted(extra)[0]!r} (rates, links, congestion)")
+    rates = net.get("rates")
+    if not isinstance(rates, list) or not rates or not all(r == "none" or RATE.fullmatch(str(r)) for r in rates):
+        raise GridError(f"--grid {path}: [network] rates must be a list of tc rates like \"1gbit\" or \"none\"")
+    links = net.get("links", ["shared"])
+    if not isinstance(links, list) or not links or not set(links) <= {"shared", "per-node"}:
+        raise GridError(f"--grid {path}: [network] links must be a list of \"shared\" and \"per-node\"")
+    if not isinstance(net.get("congestion", ["none"]), list):
+        raise GridError(f"--grid {path}: [network] congestion must be a list of profiles (or \"none\")")
 
 
 def resolve_datasets(grid: dict) -> tuple[dict, list[str]]:
@@ -74,23 +99,61 @@ def resolve_datasets(grid: dict) -> tuple[dict, list[str]]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Network:
+    """The shaping a configuration's jobs run under (``python -m rudder.netem``, docs/network.md)."""
+    rate: str  # tc rate, e.g. "1gbit"
+    links: str  # shared | per-node
+    congestion: str = "none"  # a netem --congestion profile, or none
+
+    @property
+    def key(self) -> str:
+        congestion = "" if self.congestion == "none" else f"-c{zlib.crc32(self.congestion.encode()):08x}"
+        return f"r{self.rate}-{self.links}{congestion}"
+
+    def describe(self) -> str:
+        links = "one link shared by every rank" if self.links == "shared" else "a link per emulated node"
+        return f"{self.rate}, {links}" + ("" if self.congestion == "none" else f", competing flow {self.congestion}")
+
+    def wrapper(self, nodes: int, stats: str, links: str | None = None) -> list[str]:
+        """The netem command line a job runs behind (``links``: another topology, e.g. for DistDGL)."""
+        cmd = [sys.executable, "-m", "rudder.netem", "--rate", self.rate, "--links", links or self.links,
+               "--nodes", str(nodes), "--stats", stats]
+        return cmd + (["--congestion", self.congestion] if self.congestion != "none" else []) + ["--"]
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     dataset: str
     ranks: int
     batch_size: int
     fanouts: str
+    network: Network | None = None  # None: unshaped (loopback)
 
     @property
     def key(self) -> str:
-        return f"{self.dataset}-p{self.ranks}-b{self.batch_size or 'auto'}-f{self.fanouts.replace(',', '_')}"
+        key = f"{self.dataset}-p{self.ranks}-b{self.batch_size or 'auto'}-f{self.fanouts.replace(',', '_')}"
+        return key + (f"-{self.network.key}" if self.network else "")
+
+
+def networks(grid: dict) -> list[Network | None]:
+    """The [network] table's shapings (rates x links x congestion profiles); [None] without one.
+    A rate of "none" is the unshaped run."""
+    net = grid.get("network")
+    if not net:
+        return [None]
+    return [None if rate == "none" else Network(rate, links, congestion)
+            for rate in net["rates"] for links in net.get("links", ["shared"]) for congestion in net.get("congestion", ["none"])
+            if rate != "none" or (links, congestion) == (net.get("links", ["shared"])[0], net.get("congestion", ["none"])[0])]
 
 
 def configurations(grid: dict, datasets: dict) -> list[Config]:
-    """The cartesian grid, each dataset's own ranks, batch sizes or fanouts replacing the grid's."""
+    """The cartesian grid, each dataset's own ranks, batch sizes or fanouts replacing the grid's,
+    under each network of the [network] table."""
     out = []
     for d in datasets:
         axis = {k: grid["datasets"][d].get(k, grid["grid"][k]) for k in ("ranks", "batch_sizes", "fanouts")}
-        out += [Config(d, int(r), int(b), str(f)) for r in axis["ranks"] for b in axis["batch_sizes"] for f in axis["fanouts"]]
+        out += [Config(d, int(r), int(b), str(f), n) for r in axis["ranks"] for b in axis["batch_sizes"]
+                for f in axis["fanouts"] for n in networks(grid)]
     return out
 
 

@@ -15,7 +15,7 @@ import sys
 import time
 
 from bench import distdgl_peer
-from bench.evaluation.grid import AGENT_POLICIES, FRACTION_FREE, REPO, configurations, policy_flags
+from bench.evaluation.grid import AGENT_POLICIES, FRACTION_FREE, REPO, Network, configurations, policy_flags
 from bench.mpi_job import train_job
 from partitioning.partition import partition_graph
 from partitioning.sources import load_spec
@@ -73,22 +73,26 @@ class Harness:
         self.say(f"partitioned {name} into {parts} ({time.time() - t:.0f} s)")
         return out
 
-    def train(self, parts: str, run_dir: str, trainers: int, policy: str, flags: list[str]) -> str | None:
-        """One drivers/train.py job (reused when it already finished with the same flags)."""
-
+    def train(self, parts: str, run_dir: str, trainers: int, policy: str, flags: list[str],
+              network: Network | None = None) -> str | None:
+        """One drivers/train.py job (reused when it already finished with the same flags and network)."""
         nodes = trainers  # every trainer an emulated node of its own
         agents = nodes if policy in AGENT_POLICIES else 0
         argv = ["--epochs", str(self.grid["epochs"]), "--hidden", str(self.grid["hidden"]), "--seed", str(self.seed),
                 *flags, *self.grid["policy_flags"].get(policy, [])]
         stamp = os.path.join(run_dir, "harness.json")
         record = {"parts": parts, "ranks": trainers + agents, "cliques": nodes, "argv": argv, "code": self.code}
+        if network is not None:
+            record["network"] = dataclasses.asdict(network)
         if os.path.exists(stamp) and json.load(open(stamp)) == record:
             return run_dir
         if self.out_of_time(os.path.relpath(run_dir, self.out)):
             return None
         t = time.time()
         try:
-            train_job(parts, run_dir, trainers + agents, nodes, argv)
+            os.makedirs(run_dir, exist_ok=True)  # the network's --stats land there
+            wrapper = network.wrapper(nodes, os.path.join(run_dir, "netem.json")) if network else ()
+            train_job(parts, run_dir, trainers + agents, nodes, argv, wrapper)
         except SystemExit as e:  # train_job's way of failing: keep going, and say so in the results
             self.failed.append(f"{os.path.relpath(run_dir, self.out)}: {str(e).strip().splitlines()[-1][:200]}")
             self.say(f"FAILED {self.failed[-1]}")
@@ -104,7 +108,9 @@ def figures(run_dir: str, data_dir: str) -> dict:
     peer), and the analysis tool's hit %, accuracy and decision figures."""
     run = load_run(run_dir)
     s = summarize(run, data_dir)
+    wait, mean = s["time_breakdown"]["t_wait"], s["epochs"]["mean_seconds"]
     row = {"run": os.path.abspath(run_dir), "rows_per_epoch": s["traffic"]["remote_rows_fetched_per_epoch"],
+           "wait_share": wait / mean if wait is not None and mean else None,
            "epoch_seconds": s["epochs"]["median_seconds"], "hit_percent": s["buffer"]["hit_percent"],
            "test_acc": s["accuracy"]["test"], "over_min": (s.get("bound") or {}).get("achieved_over_min")}
     if run.agents:
@@ -135,7 +141,8 @@ def run_grid(h: Harness, datasets: dict) -> dict:
             return
         label = policy if fraction is None else f"{policy}-f{fraction}"
         run_dir = os.path.join(h.out, "runs", cfg.key, label)
-        done = h.train(parts_of[cfg], run_dir, cfg.ranks, policy, [*base(cfg), *policy_flags(policy, fraction, model)])
+        done = h.train(parts_of[cfg], run_dir, cfg.ranks, policy, [*base(cfg), *policy_flags(policy, fraction, model)],
+                       cfg.network)
         if done:
             results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts_of[cfg], "runs": {}})
             results[cfg.key]["runs"][label] = figures(done, parts_of[cfg])
@@ -212,18 +219,24 @@ def run_distdgl(h: Harness, datasets: dict, grid_results: dict) -> dict:
         run_dir = os.path.join(h.out, "distdgl", key, "run")
         flags = {"epochs": h.grid["epochs"], "batch_size": batch, "fanouts": c["fanouts"], "hidden": h.grid["hidden"],
                  "lr": ours.config["lr"], "dropout": ours.config["dropout"], "seed": h.seed, "parts": r["parts"]}
+        # under the configuration's rate, on the shared link: DistDGL's launcher is not mpiexec, so
+        # its processes cannot be moved into per-node namespaces (docs/network.md)
+        network = Network(**c["network"]) if c.get("network") else None
+        wrapper = network.wrapper(c["ranks"], os.path.join(run_dir, "netem.json"), links="shared") if network else []
+        os.makedirs(run_dir, exist_ok=True)
         stamp = os.path.join(run_dir, "harness.json")
-        if os.path.exists(stamp) and json.load(open(stamp)) == flags:
+        if os.path.exists(stamp) and json.load(open(stamp)) == {**flags, "wrapper": wrapper}:
             s = json.load(open(os.path.join(run_dir, "summary.json")))
         else:
             try:
                 config = distdgl_peer.prepare(r["parts"], os.path.join(h.out, "distdgl", key, "parts"))
-                s = distdgl_peer.run(config, c["ranks"], run_dir, **{k: v for k, v in flags.items() if k != "parts"})
+                s = distdgl_peer.run(config, c["ranks"], run_dir, wrapper=wrapper,
+                                     **{k: v for k, v in flags.items() if k != "parts"})
             except RuntimeError as e:
                 h.say(f"DistDGL {key}: {e}")
                 out[key] = {"error": str(e)}
                 continue
-            json.dump(flags, open(stamp, "w"))
+            json.dump({**flags, "wrapper": wrapper}, open(stamp, "w"))
             h.say(f"ran DistDGL {key} ({time.time() - t:.0f} s)")
         # the peer's epoch time as ours is defined: its slowest trainer per epoch, median of epochs 2..E
         seconds = [e["time_max"] for e in metrics.timed_epochs(s["per_epoch"])]

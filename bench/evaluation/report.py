@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from bench.evaluation.grid import FRACTION_FREE, REPO
+from bench.evaluation.grid import FRACTION_FREE, REPO, Network
 from bench.evaluation.harness import Harness, figures
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_template.md")
@@ -100,11 +100,17 @@ def report(h: Harness, results: dict, command: str) -> str:
     lines = [*fill("intro", grid=g.get("name", "?"), seed=h.seed, command=command, finished=results["finished"],
                    commit=results["commit"], machine=results["machine"],
                    out=os.path.relpath(h.out, REPO) if h.out.startswith(REPO) else h.out,
-                   epochs=g["epochs"], hidden=g["hidden"], cores=os.cpu_count()), ""]
+                   epochs=g["epochs"], hidden=g["hidden"], cores=os.cpu_count(),
+                   transport=fill("transport_shaped" if g.get("network") else "transport_loopback")[0]), ""]
     if results["skipped_datasets"]:
         lines += ["Datasets skipped: " + "; ".join(results["skipped_datasets"]), ""]
     for key, r in results["grid"]["configs"].items():
-        lines += [f"## {key}", "", *policy_table(r, g["grid"]["fractions"]), ""]
+        lines += [f"## {key}", ""]
+        if g.get("network"):
+            net, serial = r["config"].get("network"), r["runs"].get("none-serial", {})
+            lines += [*fill("network", network=Network(**net).describe() if net else "unshaped (loopback)",
+                            wait=fmt(100 * serial["wait_share"], ".0f") + "%" if serial.get("wait_share") else "-"), ""]
+        lines += [*policy_table(r, g["grid"]["fractions"]), ""]
     dec = decisions_table(results["grid"]["configs"])
     if len(dec) > 2:
         lines += ["## Agent decisions", "", *fill("decisions"), "", *dec, ""]
