@@ -37,6 +37,7 @@ import numpy as np
 from rudder.agent.deciders import make_decider
 from rudder.agent.protocol import trainer_facts
 from rudder.agent.service import DecisionService
+from rudder.data.feature_encoding import FeatureEncoding
 from rudder.logs import metrics
 from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
@@ -152,7 +153,8 @@ def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | Non
     meta = _GRAPH.meta
     dim = feat_dim or meta.feat_dim
     widths = [dim] + [cfg.model.hidden] * (len(cfg.sampling.fanouts) - 1) + [meta.num_classes]
-    jobs = [(cfg, policies, p, machine, widths, 4 * dim) for p in range(meta.num_parts)]
+    row_bytes = FeatureEncoding(meta.feature_dtype, dim).row_bytes  # rows move in their stored type
+    jobs = [(cfg, policies, p, machine, widths, row_bytes) for p in range(meta.num_parts)]
     results = {}
     if workers > 1 and len(jobs) > 1:
         with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
