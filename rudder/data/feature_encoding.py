@@ -80,10 +80,19 @@ class FeatureEncoding:
             first = 0 if at is None or not n else int(at[0])
             self._widen(stored, out[first:first + n])
         elif n:
-            rows = np.empty((n, self.dim), dtype=np.float32)
-            self._widen(stored, rows)
-            out[at] = rows
+            out[at] = self._values(stored)
         return out
+
+    def _values(self, stored: np.ndarray) -> np.ndarray:
+        """The stored rows as an array that assigns exactly into float32 rows (bits unpacked to
+        uint8 0/1; no float32 temporary for the byte types)."""
+        if self.name == "bits":
+            return np.unpackbits(stored, axis=1, count=self.dim)
+        if self.name in ("float16", "bfloat16"):
+            rows = np.empty((stored.shape[0], self.dim), dtype=np.float32)
+            self._widen(stored, rows)
+            return rows
+        return stored
 
     def _widen(self, stored: np.ndarray, into: np.ndarray) -> None:
         """``into[:] = float32 of stored``, ``into`` a C-contiguous block of rows."""
@@ -94,10 +103,8 @@ class FeatureEncoding:
             if self.name == "bfloat16":
                 source = source.view(torch.int16).view(torch.bfloat16)
             torch.from_numpy(into).copy_(source)
-        elif self.name == "bits":
-            into[...] = np.unpackbits(stored, axis=1, count=self.dim)
         else:
-            into[...] = stored
+            into[...] = self._values(stored)
 
     def compare(self, x: np.ndarray, stop_early: bool = False) -> tuple[bool, float]:
         """(whether storing ``x`` in this type is bit-exact, the largest absolute error), over
