@@ -8,14 +8,16 @@ Configurations, for each policy: float32 rows read as ``--rma-gets auto`` picks 
 on Facebook: one Get per run of rows), the compact rows as auto picks for them (590 B: one
 indexed Get per owner), and the compact rows forced to ``--rma-gets runs``. All are repeated
 ``--reps`` times, interleaved, so machine noise hits them alike; a figure is the median over
-the reps. The losses of every configuration are checked bit-identical to float32's.
+the reps, and a time ratio is the median over reps of the run against the same rep's float32 run
+(with their range). The losses of every configuration are checked bit-identical to float32's.
 
 Columns: MiB = feature bytes read by RMA per epoch, all trainers (``bytes_rma``, stored rows);
 rows = remote rows fetched per epoch; epoch s = the slowest trainer's, median over epochs 2..E
 (rudder.logs.metrics); wait = the training thread waiting for its inputs, fetch = feature
-assembly (sampling not included), rma = inside Get..Flush, each per trainer per epoch. The
-"1 Gbit/s floor" is computed, not measured: the epoch's bytes over one shared 1 Gbit/s link
-(a ``tbf rate 1gbit`` on lo; issue 18), below which no epoch under that shaping can go.
+assembly (sampling not included), rma = inside Get..Flush (feature rows and the sampler's
+adjacency), each per trainer per epoch. The "1 Gbit/s floor" is computed, not measured: the
+epoch's bytes over one shared 1 Gbit/s link (a ``tbf rate 1gbit`` on lo; issue 18), below which
+no epoch under that shaping can go.
 
     python bench/feature_bytes.py [--parts 4] [--epochs 3] [--reps 2] [--policies none,lookahead]
 """
@@ -88,7 +90,7 @@ def main() -> int:
                 print(f"  rep {rep} {policy} {dtype} gets={gets}: epoch {r['epoch_s']:.3f} s ({time.time() - t:.0f} s wall)",
                       flush=True)
     print(f"\n{'policy':<10} {'storage':<8} {'gets':<8} {'rows/ep':>9} {'MiB/ep':>8} {'x f32':>6} {'epoch s':>8} {'x f32':>6} "
-          f"{'wait s':>7} {'fetch s':>8} {'rma s':>6} {'1 Gbit/s floor s (computed)':>28}")
+          f"{'range':<11} {'wait s':>7} {'fetch s':>8} {'rma s':>6} {'1 Gbit/s floor s (computed)':>28}")
     for policy in a.policies.split(","):
         base = results[(policy, "float32", "auto")]
         for dtype, gets in configs:
@@ -96,11 +98,13 @@ def main() -> int:
             for r in rs:  # features widened on arrival: the model saw the same inputs
                 assert np.array_equal(r["loss"], base[0]["loss"]), f"{policy} {dtype} {gets}: losses differ from float32"
             med = {k: float(np.median([r[k] for r in rs])) for k in ("mib", "rows", "epoch_s", "wait_s", "fetch_s", "rma_s")}
-            ref = {k: float(np.median([r[k] for r in base])) for k in ("mib", "epoch_s")}
+            # time ratio: each rep's run against the float32 run of the same rep, median over reps
+            paired = [r["epoch_s"] / b["epoch_s"] for r, b in zip(rs, base)]
             label = wide.name if dtype == "float32" else compact.name
-            print(f"{policy:<10} {label:<8} {gets:<8} {med['rows']:>9,.0f} {med['mib']:>8.1f} {med['mib'] / ref['mib']:>6.3f} "
-                  f"{med['epoch_s']:>8.3f} {med['epoch_s'] / ref['epoch_s']:>6.2f} {med['wait_s']:>7.3f} {med['fetch_s']:>8.3f} "
-                  f"{med['rma_s']:>6.3f} {med['mib'] * 2**20 * 8 / 1e9:>28.2f}")
+            print(f"{policy:<10} {label:<8} {gets:<8} {med['rows']:>9,.0f} {med['mib']:>8.1f} "
+                  f"{med['mib'] / np.median([b['mib'] for b in base]):>6.3f} {med['epoch_s']:>8.3f} "
+                  f"{np.median(paired):>6.2f} {min(paired):>5.2f}-{max(paired):<5.2f} {med['wait_s']:>7.3f} "
+                  f"{med['fetch_s']:>8.3f} {med['rma_s']:>6.3f} {med['mib'] * 2**20 * 8 / 1e9:>28.2f}")
     print(f"losses bit-identical across storage types and Get modes: yes; load {os.getloadavg()[0]:.1f} at end")
     return 0
 

@@ -95,7 +95,7 @@ def facts_of(graph: Graph, cfg: TrainConfig, part: int, capacity: int) -> dict:
                          capacity)
 
 
-COLUMNS = ("rows_fetched", "rows_rma", "hits", "misses", "refills", "candidates", "replaced", "fetch_seconds")
+COLUMNS = ("rows_fetched", "rows_rma", "bytes_rma", "hits", "misses", "refills", "candidates", "replaced", "fetch_seconds")
 
 
 def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, machine: Machine | None,
@@ -120,6 +120,7 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
             f = a.fetch
             out["rows_fetched"][i] = f.rows_shared + f.rows_remote
             out["rows_rma"][i] = f.rows_remote
+            out["bytes_rma"][i] = f.bytes_remote
             for c in ("hits", "misses", "refills", "candidates"):
                 out[c][i] = getattr(a, c)
             out["replaced"][i] = a.replaced
