@@ -1,12 +1,15 @@
 """Benchmark (not a test): gather throughput of the RMA feature store, side by side in one run.
 
     python bench/feature_gather.py [--rows 10000] [--dim 128] [--reps 30] [--nodes 200000] [--owner-busy 0.3]
+                                   [--feature-dtype float32|float16|bfloat16|uint8|bits]
 
 Launches two 2-rank MPI jobs on this host: one as one node (the peer's rows come through
 shared memory) and one with MPIR_CVAR_NUM_CLIQUES=2 (the peer looks off-node, so its rows come
 through RMA Get). In each, rank 0 times gathering R random rows of the peer's partition against
 a local numpy gather of R random rows of its own, interleaved rep by rep so machine noise hits
 both alike, and prints the ratio. Target (issue 3): on-node remote gather >= 0.5x local.
+``--feature-dtype`` stores the (float) features in that type, lossily for the compact ones: it
+measures moving rows of that size, both gathers widening them to float32.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ def worker(a) -> None:
     out = os.path.join(a.workdir, "parts")
     if comm.rank == 0:
         spec = f"synthetic:sbm:nodes={a.nodes},blocks=8,avg_degree=4,feat_dim={a.dim},seed=0"
-        partition_graph(load_spec(spec), comm.size, out, method="random", force=True)
+        partition_graph(load_spec(spec), comm.size, out, method="random", force=True, feature_dtype=a.feature_dtype)
     comm.Barrier()
     meta = PartitionMeta.load(out)
     store = FeatureStore(build_layout(meta.num_parts), meta, out)
@@ -50,7 +53,7 @@ def worker(a) -> None:
         ids = rng.integers(lo, hi, size=a.rows)
         local_ids = rng.integers(0, own.shape[0], size=a.rows)
         t0 = time.perf_counter()
-        rows = own[local_ids]
+        rows = own[local_ids] if store.encoding.name == "float32" else store.encoding.decode(own[local_ids])
         t1 = time.perf_counter()
         rows, stats = store.gather(ids)
         t2 = time.perf_counter()
@@ -92,16 +95,19 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--nodes", type=int, default=200000)
+    ap.add_argument("--feature-dtype", default="float32", help="storage type of the rows (default float32)")
     ap.add_argument("--owner-busy", type=float, default=0.3, help="seconds the owner computes (0: skip that part)")
     add_worker_flags(ap)
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    print(f"{a.rows} random rows x {a.dim} float32 per gather, {a.reps} reps, 2 ranks, {os.cpu_count()} cores")
+    print(f"{a.rows} random rows x {a.dim} stored as {a.feature_dtype} per gather, {a.reps} reps, 2 ranks, "
+          f"{os.cpu_count()} cores")
     print(f"{'peer path':<15} {'local rows/s':>14} {'peer rows/s':>14} {'peer/local':>11}")
     for cliques in ("1", "2"):
         r = run_worker_job(__file__, ["--rows", str(a.rows), "--dim", str(a.dim), "--reps", str(a.reps),
-                                      "--nodes", str(a.nodes), "--owner-busy", str(a.owner_busy)], 2,
+                                      "--nodes", str(a.nodes), "--owner-busy", str(a.owner_busy),
+                                      "--feature-dtype", a.feature_dtype], 2,
                            env={"MPIR_CVAR_NUM_CLIQUES": cliques}, timeout=600)
         ratio = r["peer_rows_s"] / r["local_rows_s"]
         print(f"{r['path']:<15} {r['local_rows_s']:>14,.0f} {r['peer_rows_s']:>14,.0f} {ratio:>10.2f}x")

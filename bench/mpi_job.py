@@ -32,18 +32,23 @@ def add_worker_flags(ap) -> None:
 FACEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "musae")
 
 
-def cached_partition(spec: str, parts: int, out: str) -> str:
-    """``spec`` partitioned into ``parts`` with METIS at ``out``, reused when already there."""
+def cached_partition(spec: str, parts: int, out: str, feature_dtype: str = "auto") -> str:
+    """``spec`` partitioned into ``parts`` with METIS at ``out``, features stored as
+    ``feature_dtype``, reused when already there (for ``auto``: a directory whose tool chose a
+    type, not one written before the choice existed)."""
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
-    from rudder.data.partition_store import PartitionFormatError, PartitionMeta
+    from rudder.data.partition_store import METADATA_FILE, PartitionFormatError, PartitionMeta
 
     try:
-        if PartitionMeta.load(out).num_parts == parts:
+        meta = PartitionMeta.load(out)
+        with open(os.path.join(out, METADATA_FILE)) as f:
+            chosen = json.load(f).get("feature_dtype")
+        if meta.num_parts == parts and chosen and feature_dtype in ("auto", chosen):
             return out
     except PartitionFormatError:
         pass
-    partition_graph(load_spec(spec), parts, out, method="metis", seed=0, force=True)
+    partition_graph(load_spec(spec), parts, out, method="metis", seed=0, force=True, feature_dtype=feature_dtype)
     return out
 
 

@@ -1,6 +1,7 @@
 """Command line of the partition tool.
 
-    python -m partitioning --input SPEC --num-parts N --out DIR [--method metis|random] [--seed S] [--force]
+    python -m partitioning --input SPEC --num-parts N --out DIR [--method metis|random] [--seed S]
+                           [--feature-dtype auto|float32|float16|bfloat16|uint8|bits] [--force]
     python -m partitioning verify DIR
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 import time
 
 from partitioning.graph import InputError
-from partitioning.partition import METHODS, partition_graph
+from partitioning.partition import FEATURE_DTYPES, METHODS, check_feature_dtype, partition_graph
 from partitioning.sources import __doc__ as SPEC_DOC
 from partitioning.sources import load_spec
 from partitioning.verify import verify
@@ -30,6 +31,11 @@ def partition_parser() -> argparse.ArgumentParser:
     ap.add_argument("--method", choices=sorted(METHODS), default="metis",
                     help="metis: balanced on nodes, train nodes and edges (default); random: seeded, equal sizes")
     ap.add_argument("--seed", type=int, default=0, help="seed for the random method and METIS (default 0)")
+    ap.add_argument("--feature-dtype", default="auto", metavar="|".join(FEATURE_DTYPES),
+                    help="storage type of the features, held and moved so between ranks and widened to float32 on "
+                         "arrival; auto (default): the smallest that stores them exactly (bits for 0/1 values, uint8 "
+                         "for integers 0..255, float16 or bfloat16 when every value is one, else float32); an explicit "
+                         "type is used even when lossy, and metadata.json says so")
     ap.add_argument("--force", action="store_true", help="replace an existing partition directory at --out")
     return ap
 
@@ -43,15 +49,21 @@ def verify_parser() -> argparse.ArgumentParser:
 
 
 def run_partition(args) -> None:
+    check_feature_dtype(args.feature_dtype)  # before a long load
     t0 = time.perf_counter()
     graph = load_spec(args.input)
     load_s = time.perf_counter() - t0
     print(f"loaded {graph.name}: {graph.num_nodes} nodes, {graph.num_edges} directed edges, {graph.feat_dim} features, "
           f"{graph.num_classes} classes, train/val/test {int(graph.train_mask.sum())}/{int(graph.val_mask.sum())}/"
           f"{int(graph.test_mask.sum())} ({load_s:.1f} s)", flush=True)
-    meta, timings = partition_graph(graph, args.num_parts, args.out, args.method, args.seed, args.force, args.input)
+    meta, timings = partition_graph(graph, args.num_parts, args.out, args.method, args.seed, args.force, args.input,
+                                    args.feature_dtype)
     print(f"partitioned with {args.method} (seed {args.seed}) into {meta.num_parts} parts in "
           f"{timings['assign_s']:.1f} s, relabelled in {timings['relabel_s']:.1f} s, written in {timings['write_s']:.1f} s")
+    enc = meta.feature_encoding
+    exactness = "lossless" if meta.feature_lossless else f"LOSSY, largest error {meta.feature_max_abs_error:.3g}"
+    print(f"features stored as {enc.name} ({args.feature_dtype}): {enc.row_bytes} bytes a row, "
+          f"{enc.row_bytes / (4 * meta.feat_dim):.3f}x float32; {exactness} (chosen in {timings['encoding_s']:.1f} s)")
     print(f"{'part':>4} {'nodes':>10} {'in-edges':>12} {'halo':>10} {'train':>8} {'val':>8} {'test':>8}  file")
     for p, info in enumerate(meta.parts):
         print(f"{p:>4} {info.num_owned:>10} {info.num_in_edges:>12} {info.num_halo:>10} {info.num_train:>8} "

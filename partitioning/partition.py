@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from partitioning.graph import GraphData, InputError, canonical_edges
+from rudder.data.feature_encoding import STORAGE_TYPES, choose_encoding
 from rudder.data.partition_store import (
     METADATA_FILE,
     PartInfo,
@@ -53,6 +54,12 @@ def assign_random(graph: GraphData, num_parts: int, seed: int) -> np.ndarray:
 
 
 METHODS = {"metis": assign_metis, "random": assign_random}
+FEATURE_DTYPES = ("auto", *STORAGE_TYPES)
+
+
+def check_feature_dtype(name: str) -> None:
+    if name not in FEATURE_DTYPES:
+        raise InputError("--feature-dtype", f"'{name}' is not one of {', '.join(FEATURE_DTYPES)}")
 
 
 # ----------------------------------------------------------------------------- output directory
@@ -80,13 +87,19 @@ def publish(tmp: str, out: str) -> None:
 
 # ----------------------------------------------------------------------------- the pipeline
 def partition_graph(graph: GraphData, num_parts: int, out: str, method: str = "metis", seed: int = 0,
-                    force: bool = False, source: str = "") -> tuple[PartitionMeta, dict]:
+                    force: bool = False, source: str = "", feature_dtype: str = "auto") -> tuple[PartitionMeta, dict]:
+    """``feature_dtype``: the features' storage type (``rudder.data.feature_encoding``), or
+    ``auto``: the smallest one that stores them exactly."""
     out = os.path.abspath(out)
     check_output(out, force)
     n = graph.num_nodes
     if not 1 <= num_parts <= n:
         raise InputError("--num-parts", f"{num_parts} must lie in [1, {n}] (the number of nodes)")
+    check_feature_dtype(feature_dtype)
     timings = {}
+    t0 = time.perf_counter()
+    encoding, lossless, max_error = choose_encoding(graph.features, feature_dtype)
+    timings["encoding_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     parts = METHODS[method](graph, num_parts, seed)
     timings["assign_s"] = time.perf_counter() - t0
@@ -133,7 +146,8 @@ def partition_graph(graph: GraphData, num_parts: int, out: str, method: str = "m
                                  features=np.asarray(graph.features[rows]),
                                  labels=graph.labels[rows], train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
                                  orig_ids=rows, in_degree=in_degree[lo:hi], indptr=indptr[lo:hi + 1] - e_lo,
-                                 indices=src_p, halo_nodes=halo, halo_owners=owners, halo_in_degree=in_degree[halo])
+                                 indices=src_p, halo_nodes=halo, halo_owners=owners, halo_in_degree=in_degree[halo],
+                                 encoding=encoding)
             part_hash = edge_multiset_hash(np.repeat(np.arange(lo, hi, dtype=np.int64), in_degree[lo:hi]), src_p, n)
             total_hash = (total_hash + part_hash) % (1 << 64)
             infos.append(PartInfo(file=part_file_name(p), sha256=sha256_file(path), num_owned=hi - lo,
@@ -144,7 +158,8 @@ def partition_graph(graph: GraphData, num_parts: int, out: str, method: str = "m
                              method=method, seed=seed, offsets=[int(x) for x in offsets],
                              created=datetime.now(UTC).isoformat(timespec="seconds"),
                              edge_hash=f"{total_hash:016x}", preprocessing=dict(graph.info), parts=infos,
-                             partitioner=partitioner_info(method))
+                             partitioner=partitioner_info(method), feature_dtype=encoding.name,
+                             feature_lossless=lossless, feature_max_abs_error=max_error)
         meta.write(tmp)
         timings["write_s"] = time.perf_counter() - t0
         publish(tmp, out)

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from partitioning.graph import InputError
+from rudder.data.feature_encoding import FeatureEncoding
 
 RMAT_A, RMAT_B, RMAT_C = 0.57, 0.19, 0.19  # Graph500 initiator; D = 0.05
 _CHUNK = 1 << 22
@@ -28,6 +29,23 @@ def class_features(labels: np.ndarray, num_classes: int, dim: int, signal: float
         feats[lo:hi] += centroids[labels[lo:hi]]
     if extra is not None:
         feats[:, 0] = extra
+    return feats
+
+
+ROUNDINGS = ("float16", "bfloat16")
+
+
+def round_features(feats: np.ndarray, opts) -> np.ndarray:
+    """Option ``feat_round=float16|bfloat16``: every value rounded to the nearest one of that
+    type (still float32), as features that a compact storage type holds exactly."""
+    kind = opts.get("feat_round")
+    if kind is None:
+        return feats
+    if kind not in ROUNDINGS:
+        raise InputError(opts.where, f"option feat_round={kind} must be one of {', '.join(ROUNDINGS)}")
+    encoding, step = FeatureEncoding(kind, feats.shape[1]), max(1, _CHUNK // feats.shape[1])
+    for lo in range(0, feats.shape[0], step):
+        feats[lo:lo + step] = encoding.decode(encoding.encode(feats[lo:lo + step]))
     return feats
 
 
@@ -90,7 +108,7 @@ def rmat(opts):
     labels[perm] = labels_unpermuted
     deg = np.log1p(np.bincount(src, minlength=n) + np.bincount(dst, minlength=n)).astype(np.float32)
     deg = (deg - deg.mean()) / max(float(deg.std()), 1e-6)
-    feats = class_features(labels, classes, dim, signal, rng, extra=deg)
+    feats = round_features(class_features(labels, classes, dim, signal, rng, extra=deg), opts)
     info = {"dataset": f"rmat-s{scale}-e{edge_factor}", "generator": "rmat", "scale": scale, "edge_factor": edge_factor,
             "initiator": [RMAT_A, RMAT_B, RMAT_C], "seed": seed, "signal": signal}
     return n, src, dst, feats, labels, classes, info
@@ -122,7 +140,7 @@ def sbm(opts):
     while inter.size:  # redraw until the endpoint lies in another block
         dst[inter] = rng.integers(0, n, size=inter.size, dtype=np.int64)
         inter = inter[labels[dst[inter]] == labels[src[inter]]]
-    feats = class_features(labels, blocks, dim, signal, rng)
+    feats = round_features(class_features(labels, blocks, dim, signal, rng), opts)
     info = {"dataset": f"sbm-n{n}-b{blocks}", "generator": "sbm", "avg_degree": avg_degree, "homophily": homophily,
             "seed": seed, "signal": signal}
     return n, src, dst, feats, labels, blocks, info
@@ -130,6 +148,6 @@ def sbm(opts):
 
 # name -> (generator, the option keys it reads)
 GENERATORS = {
-    "rmat": (rmat, {"scale", "edge_factor", "feat_dim", "classes", "seed", "signal"}),
-    "sbm": (sbm, {"nodes", "blocks", "avg_degree", "homophily", "feat_dim", "seed", "signal"}),
+    "rmat": (rmat, {"scale", "edge_factor", "feat_dim", "classes", "seed", "signal", "feat_round"}),
+    "sbm": (sbm, {"nodes", "blocks", "avg_degree", "homophily", "feat_dim", "seed", "signal", "feat_round"}),
 }

@@ -10,7 +10,13 @@ import numpy as np
 
 from partitioning.graph import InputError, first_nonfinite_row
 from partitioning.partition import load_meta_or_error
-from rudder.data.partition_store import PartitionFormatError, edge_multiset_hash, read_features, read_partition, sha256_file
+from rudder.data.partition_store import (
+    PartitionFormatError,
+    edge_multiset_hash,
+    read_partition,
+    read_stored_features,
+    sha256_file,
+)
 
 
 def verify(directory: str) -> dict:
@@ -49,9 +55,16 @@ def verify(directory: str) -> dict:
         for name in ("labels", "train_mask", "val_mask", "test_mask", "orig_ids", "in_degree"):
             if getattr(part, name).shape != (owned,):
                 fail(p, f"{name} has shape {getattr(part, name).shape}, expected ({owned},)")
-        feats = read_features(directory, p, meta)
-        if feats.shape != (owned, meta.feat_dim):
-            fail(p, f"features have shape {feats.shape}, expected ({owned}, {meta.feat_dim})")
+        try:  # stored in the metadata's type, in rows of its width
+            stored = read_stored_features(directory, p, meta)
+        except PartitionFormatError as e:
+            fail(p, str(e).split(": ", 1)[-1])
+        if stored.shape[0] != owned:
+            fail(p, f"{stored.shape[0]} feature rows, expected {owned}")
+        encoding = meta.feature_encoding
+        if encoding.name == "bits" and meta.feat_dim % 8 and (stored[:, -1] & ((1 << (8 - meta.feat_dim % 8)) - 1)).any():
+            fail(p, f"bits features have padding bits set beyond column {meta.feat_dim}")
+        feats = encoding.decode(stored)
         bad = first_nonfinite_row(feats)
         if bad is not None:
             fail(p, f"features of node {lo + bad} contain NaN or inf")

@@ -106,7 +106,8 @@ def cora_copy(tmp_path):
     return dst
 
 
-def partition_on_rank0(tmp_path_factory, spec: str, name: str, method: str = "metis", seed: int = 0) -> str:
+def partition_on_rank0(tmp_path_factory, spec: str, name: str, method: str = "metis", seed: int = 0,
+                       feature_dtype: str = "auto") -> str:
     """Under MPI: rank 0 partitions ``spec`` into one part per rank and every rank gets the
     directory. A failure on rank 0 reaches every rank, so none waits in bcast forever."""
     from mpi4py import MPI
@@ -119,7 +120,7 @@ def partition_on_rank0(tmp_path_factory, spec: str, name: str, method: str = "me
     if comm.rank == 0:
         try:
             out = str(tmp_path_factory.mktemp(name) / "parts")
-            partition_graph(load_spec(spec), comm.size, out, method=method, seed=seed)
+            partition_graph(load_spec(spec), comm.size, out, method=method, seed=seed, feature_dtype=feature_dtype)
         except Exception as e:
             error = f"rank 0 could not partition {spec}: {type(e).__name__}: {e}"
     out, error = comm.bcast((out, error), root=0)

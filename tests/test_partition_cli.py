@@ -251,3 +251,66 @@ def test_verify_missing_part_and_foreign_dirs(parts_dir, tmp_path):
     verify_error(tmp_path / "nowhere", "not a directory")
     (tmp_path / METADATA_FILE).write_text(json.dumps({"format": "rudder-partitions", "format_version": 99}))
     verify_error(tmp_path, "format version 99 is not supported")
+
+
+# ----------------------------------------------------------------------------- feature storage types
+def test_bad_feature_dtype_is_one_line(tmp_path):
+    proc = run_cli("--input", SBM, "--num-parts", 2, "--out", tmp_path / "o", "--feature-dtype", "int4")
+    assert_one_line_error(proc, "--feature-dtype", "'int4' is not one of auto, float32, float16, bfloat16, uint8, bits")
+    assert not (tmp_path / "o").exists()
+
+
+def test_feature_dtype_recorded(tmp_path):
+    """auto stores Cora's 0/1 rows as bits; an explicit lossy type is written and says so."""
+    out = tmp_path / "cora"
+    proc = run_cli("--input", f"planetoid:{BUNDLED_CORA}:cora", "--num-parts", 2, "--out", out)
+    assert proc.returncode == 0 and "features stored as bits (auto): 180 bytes a row" in proc.stdout, proc.stderr
+    meta = json.loads((out / METADATA_FILE).read_text())
+    assert (meta["feature_dtype"], meta["feature_lossless"], meta["feature_max_abs_error"]) == ("bits", True, 0.0)
+    with h5py.File(out / "part-00000.h5", "r") as f:
+        assert f.attrs["feature_dtype"] == "bits" and f["features"].dtype == np.uint8 and f["features"].shape[1] == 180
+    assert run_cli("verify", out).returncode == 0
+    out = tmp_path / "sbm"
+    proc = run_cli("--input", SBM, "--num-parts", 2, "--out", out, "--feature-dtype", "float16")
+    assert proc.returncode == 0 and "features stored as float16 (float16): 8 bytes a row" in proc.stdout
+    assert "LOSSY" in proc.stdout
+    meta = json.loads((out / METADATA_FILE).read_text())
+    assert meta["feature_dtype"] == "float16" and not meta["feature_lossless"] and 0 < meta["feature_max_abs_error"] < 0.01
+    assert run_cli("verify", out).returncode == 0
+
+
+def test_old_directory_reads_as_float32(parts_dir):
+    """A directory written before the storage types (no metadata field, no file attribute) reads
+    as float32, and verify accepts it."""
+    from rudder.data.partition_store import PartitionMeta, read_features, read_stored_features
+
+    before = [read_features(str(parts_dir), p) for p in range(3)]
+    meta_path = parts_dir / METADATA_FILE
+    meta = json.loads(meta_path.read_text())
+    for key in ("feature_dtype", "feature_lossless", "feature_max_abs_error"):
+        del meta[key]
+    meta_path.write_text(json.dumps(meta))
+    for p in range(3):
+        with h5py.File(parts_dir / f"part-0000{p}.h5", "r+") as f:
+            del f.attrs["feature_dtype"]
+        reseal(parts_dir, f"part-0000{p}.h5")
+    assert PartitionMeta.load(str(parts_dir)).feature_dtype == "float32"
+    for p in range(3):
+        assert read_stored_features(str(parts_dir), p).dtype == np.float32
+        np.testing.assert_array_equal(read_features(str(parts_dir), p), before[p])
+    assert run_cli("verify", parts_dir).returncode == 0
+
+
+def test_verify_detects_feature_dtype_damage(tmp_path, parts_dir):
+    meta_path = parts_dir / METADATA_FILE
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps(dict(meta, feature_dtype="bits")))
+    verify_error(parts_dir, "part-00000.h5", "features stored as float32, metadata.json says bits")
+    meta_path.write_text(json.dumps(dict(meta, feature_dtype="int4")))
+    verify_error(parts_dir, "metadata.json", "feature_dtype 'int4' is not one of")
+    out = tmp_path / "cora"  # 1,433 columns: the last byte of a bits row has 7 padding bits
+    assert run_cli("--input", f"planetoid:{BUNDLED_CORA}:cora", "--num-parts", 2, "--out", out).returncode == 0
+    with h5py.File(out / "part-00001.h5", "r+") as f:
+        f["features"][3, -1] |= 1
+    reseal(out, "part-00001.h5")
+    verify_error(out, "part-00001.h5", "padding bits set")

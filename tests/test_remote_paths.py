@@ -29,10 +29,13 @@ def graph():
     return load_spec(SPEC)
 
 
-@pytest.mark.parametrize("ranks,parts,mode,agent", [(4, 4, "trainer", False), (4, 2, "node", False),
-                                                    (4, 2, "trainer", True), (6, 2, "node", True)])
-def test_paths_across_two_nodes(tmp_path, graph, ranks, parts, mode, agent):
-    partition_graph(graph, parts, str(tmp_path / "p"), method="metis")
+# Each layout with features in another storage type (lossy ones here: the store must return
+# exactly the stored rows widened, as read_features gives them).
+@pytest.mark.parametrize("ranks,parts,mode,agent,dtype", [
+    (4, 4, "trainer", False, "float32"), (4, 4, "trainer", False, "uint8"), (4, 2, "node", False, "bits"),
+    (4, 2, "trainer", True, "float16"), (6, 2, "node", True, "bfloat16")])
+def test_paths_across_two_nodes(tmp_path, graph, ranks, parts, mode, agent, dtype):
+    partition_graph(graph, parts, str(tmp_path / "p"), method="metis", feature_dtype=dtype)
     proc = launch(ranks, tmp_path / "p", mode, agent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # ranks' lines may interleave on the shared stdout: pick the reports out by pattern

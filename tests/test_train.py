@@ -85,7 +85,9 @@ def test_log_contents(cora4, tmp_path):
         # Feature rows: every input row came by exactly one path; remote ones by RMA or shm.
         assert (mb["rows_local"] + mb["rows_shared"] + mb["rows_rma"] == mb["input_nodes"]).all()
         assert (mb["rows_shared"] + mb["rows_rma"] == mb["input_remote"]).all()
-        assert mb["rows_rma"].sum() > 0 and (mb["bytes_rma"] == mb["rows_rma"] * 4 * 1433).all()
+        # Cora's 0/1 rows are stored and moved as bits: ceil(1433 / 8) = 180 bytes a row
+        assert f["attrs"]["data"]["feature_dtype"] == "bits" and f["attrs"]["data"]["feature_row_bytes"] == 180
+        assert mb["rows_rma"].sum() > 0 and (mb["bytes_rma"] == mb["rows_rma"] * 180).all()
         assert (mb["input_halo"] <= mb["input_remote"]).all()
         assert np.isnan(ep["val_acc"][0]) and not np.isnan(ep["val_acc"][1]) and not np.isnan(ep["test_acc"][2])
         # The trace holds each minibatch's remote input IDs, none of them owned here.

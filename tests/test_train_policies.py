@@ -1,7 +1,11 @@
-"""Every buffer policy end to end under mpiexec, on Cora and on Facebook Page-Page: the loss
-trajectory is bit-identical to the no-buffer run (caching static features is exact, and the
-sampling stream does not depend on the policy or the pipelining), while remote traffic falls;
-and the simulator (rudder.simulate) reproduces every run's per-minibatch counts exactly."""
+"""Every buffer policy end to end under mpiexec, on Cora, on Facebook Page-Page and on an RMAT
+graph: the loss trajectory is bit-identical to the no-buffer run (caching static features is
+exact, and the sampling stream does not depend on the policy or the pipelining), while remote
+traffic falls; and the simulator (rudder.simulate) reproduces every run's per-minibatch counts
+exactly. The partitions store their features in the type ``--feature-dtype auto`` picks (bits
+for Cora's and Facebook's 0/1 rows, float16 for the RMAT graph's rounded ones), and every run is
+also bit-identical to the no-buffer run on float32 storage, each feature row logged at its
+stored size."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,28 +22,46 @@ def minibatch_tables(run_dir):
     return [log["minibatches"] for log in logs]
 
 
-def check_policies(spec, ranks, tmp_path, extra, runs=RUNS):
+def train(ranks, parts, run, policy, flags, extra):
+    proc = run_train(ranks, "--data", parts, "--run-dir", run, "--policy", policy, *flags, *extra,
+                     "--progress", "none", "--eval-every", "0", env={"MPIR_CVAR_NUM_CLIQUES": str(ranks)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return minibatch_tables(run)
+
+
+def check_policies(spec, ranks, tmp_path, extra, runs=RUNS, stored_as="float32"):
+    """``stored_as``: the storage type auto must pick for ``spec``'s features."""
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
-
-    parts = str(tmp_path / "parts")
-    partition_graph(load_spec(spec), ranks, parts, method="metis", seed=0)
+    from rudder.data.partition_store import PartitionMeta
     from rudder.sim.validate import validate
 
+    graph = load_spec(spec)
+    parts = str(tmp_path / "parts")
+    partition_graph(graph, ranks, parts, method="metis", seed=0)
+    meta = PartitionMeta.load(parts)
+    assert meta.feature_dtype == stored_as and meta.feature_lossless
     results = {}
     for i, (policy, flags) in enumerate(runs):
         run = str(tmp_path / f"run{i}")
-        proc = run_train(ranks, "--data", parts, "--run-dir", run, "--policy", policy, *flags, *extra,
-                         "--progress", "none", "--eval-every", "0", env={"MPIR_CVAR_NUM_CLIQUES": str(ranks)})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[i] = minibatch_tables(run)
+        results[i] = train(ranks, parts, run, policy, flags, extra)
         compared, mismatches = validate(run)  # the simulator reproduces every minibatch's counts exactly
         assert not mismatches and compared == sum(len(t) for t in results[i]), mismatches[:3]
+        for t in results[i]:
+            assert (t["bytes_rma"] == t["rows_rma"] * meta.feature_encoding.row_bytes).all()
+        assert sum(int(t["rows_rma"].sum()) for t in results[i]) > 0
     base = results[0]
+    if stored_as != "float32":  # the same graph with float32 storage, no buffer: the same losses
+        partition_graph(graph, ranks, str(tmp_path / "float32"), method="metis", seed=0, feature_dtype="float32")
+        results["float32"] = train(ranks, str(tmp_path / "float32"), str(tmp_path / "run-float32"), "none",
+                                   ["--no-overlap"], extra)
+        for t in results["float32"]:
+            assert (t["bytes_rma"] == t["rows_rma"] * 4 * meta.feat_dim).all()
     for i, tables in results.items():
         for ours, theirs in zip(tables, base):
-            np.testing.assert_array_equal(ours["loss"], theirs["loss"], err_msg=f"run {runs[i]}")
+            np.testing.assert_array_equal(ours["loss"], theirs["loss"], err_msg=f"run {i}")
             np.testing.assert_array_equal(ours["input_nodes"], theirs["input_nodes"])
+    results.pop("float32", None)
     fetched = {i: sum(int(t["rows_rma"].sum()) for t in tables) for i, tables in results.items()}
     for i, (policy, _) in enumerate(runs):
         tables = results[i]
@@ -57,12 +79,19 @@ def check_policies(spec, ranks, tmp_path, extra, runs=RUNS):
 def test_every_policy_on_cora(tmp_path):
     """(Overlap alone changing no traffic is checked on the evaluation harness's runs.)"""
     check_policies(f"planetoid:{BUNDLED_CORA}:cora", 4, tmp_path, ["--epochs", "4", "--batch-size", "16"],
-                   runs=[r for i, r in enumerate(RUNS) if i != 1])
+                   runs=[r for i, r in enumerate(RUNS) if i != 1], stored_as="bits")
 
 
 def test_every_policy_on_facebook(tmp_path):
     spec = shared_dataset("musae", "facebook")
-    check_policies(spec, 2, tmp_path, ["--epochs", "2", "--batch-size", "1000"], runs=[RUNS[i] for i in (0, 2, 3, 5)])
+    check_policies(spec, 2, tmp_path, ["--epochs", "2", "--batch-size", "1000"], runs=[RUNS[i] for i in (0, 2, 3, 5)],
+                   stored_as="bits")
+
+
+def test_every_policy_on_rmat_float16(tmp_path):
+    """Features rounded to halves (feat_round=float16): auto stores them as float16, exactly."""
+    check_policies("synthetic:rmat:scale=11,edge_factor=8,feat_dim=24,classes=4,seed=3,feat_round=float16", 2, tmp_path,
+                   ["--epochs", "2", "--batch-size", "64"], runs=[RUNS[i] for i in (0, 2, 3, 5, 6)], stored_as="float16")
 
 
 def test_node_shared_buffer(tmp_path):

@@ -34,7 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-MPI_TYPES = {np.dtype(np.float32): "FLOAT", np.dtype(np.int64): "INT64_T"}
+# A Get moves bytes and converts nothing, so rows of any dtype travel as the unsigned integer
+# type of their item size (float16 and bfloat16 feature rows included, which MPI may not name).
+MPI_TYPES = {1: "UINT8_T", 2: "UINT16_T", 4: "UINT32_T", 8: "UINT64_T"}
 GETS = ("auto", "runs", "indexed")
 # ``gets="auto"``: rows at least this big are read one Get per run (served without the owner),
 # smaller ones by one indexed Get per owner. A Get call costs about 3.5 us in mpi4py, the time to
@@ -116,7 +118,7 @@ class DistributedArray:
                 continue
             if n and len(buf) >= n * self.row_bytes:
                 self.views[part] = np.frombuffer(buf, dtype=self.dtype, count=n * row_items).reshape((n, *self.row_shape))
-        base = getattr(MPI, MPI_TYPES[self.dtype])
+        base = getattr(MPI, MPI_TYPES[self.dtype.itemsize])
         self.row_type = base.Create_contiguous(row_items).Commit()
         self.row_items = row_items
 

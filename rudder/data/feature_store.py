@@ -7,6 +7,11 @@ partition through shared memory). A gather maps global IDs to (partition, row) t
 contiguous ID ranges and reads them through ``DistributedArray``: own segment or same-node
 shared memory by a row copy, other nodes by RMA Gets plus one Flush per owner. Every call
 returns its counters (rows and bytes by path, owners touched, RMA time) for the per-minibatch log.
+
+Node features are held and moved in the type the partition directory stores them in
+(``rudder.data.feature_encoding``: bits, uint8, float16, bfloat16 or float32), and widened to
+float32 once gathered, into the caller's input matrix: the model sees the same float32 rows
+whatever the storage, and the logged RMA bytes are the stored rows' bytes.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import numpy as np
 
 from rudder.comm.dist_array import DistributedArray, ReadStats
 from rudder.comm.layout import exposer_table
-from rudder.data.partition_store import PartitionMeta, read_features
+from rudder.data.partition_store import PartitionMeta, read_stored_features
 
 
 class NodeRows:
@@ -48,11 +53,23 @@ class NodeRows:
 
 
 class FeatureStore(NodeRows):
-    """The node features of every partition (float32, ``meta.feat_dim`` wide)."""
+    """The node features of every partition: rows ``meta.feat_dim`` wide, stored as
+    ``meta.feature_encoding``, gathered as float32."""
 
     def __init__(self, layout, meta: PartitionMeta, data_dir: str, exposer: np.ndarray | None = None,
                  gets: str = "auto"):
         exposer = exposer_table(layout, meta.num_parts) if exposer is None else exposer
+        self.encoding = enc = meta.feature_encoding
         super().__init__(meta, DistributedArray(
-            layout.trainers, [p.num_owned for p in meta.parts], exposer, layout.partition_id, np.float32,
-            (meta.feat_dim,), fill=lambda own: read_features(data_dir, layout.partition_id, meta, out=own), gets=gets))
+            layout.trainers, [p.num_owned for p in meta.parts], exposer, layout.partition_id, enc.stored_dtype,
+            (enc.width,), fill=lambda own: read_stored_features(data_dir, layout.partition_id, meta, out=own), gets=gets))
+        self.dim = meta.feat_dim
+
+    def gather(self, gids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None,
+               spare: bool = False) -> tuple[np.ndarray, ReadStats]:
+        """Float32 rows of ``gids`` (``NodeRows.gather``); compact rows are gathered as stored,
+        then widened into ``out``."""
+        if self.encoding.name == "float32":
+            return super().gather(gids, out, at, spare)
+        stored, stats = super().gather(gids)
+        return self.encoding.decode(stored, out, at), stats

@@ -12,8 +12,8 @@ Layout of ``DIR``::
 Global node IDs are relabelled so that partition p owns the contiguous range
 ``[offsets[p], offsets[p+1])``; ``orig_ids`` maps them back to the input's IDs. Each part file::
 
-    attrs: format, format_version, part_id, num_parts, node_start, node_end, num_nodes
-    features      float32 [owned, D]  chunked (~1 MiB chunks)
+    attrs: format, format_version, part_id, num_parts, node_start, node_end, num_nodes, feature_dtype
+    features      [owned, W] in the storage type ``feature_dtype`` (chunked, ~1 MiB chunks)
     labels        int64   [owned]     -1 = unlabelled (in no split)
     train_mask, val_mask, test_mask   bool [owned]
     orig_ids      int64   [owned]     input ID of each owned node
@@ -23,6 +23,12 @@ Global node IDs are relabelled so that partition p owns the contiguous range
     halo/nodes    int64   [H]         sorted 1-hop in-neighbours not owned by this partition
     halo/owners   int32   [H]         partition owning each halo node
     halo/in_degree int64  [H]         global in-degree of each halo node (buffer init by degree)
+
+Features are stored in the type the partition tool chose (``metadata.json``: ``feature_dtype``,
+``feature_lossless``, ``feature_max_abs_error``; the part files' ``feature_dtype`` attribute):
+float32, float16, bfloat16, uint8 or bits, W = D items a row, or ceil(D / 8) bytes for bits
+(``rudder.data.feature_encoding`` defines each type and its widening back to float32).
+Directories written before there was a choice have neither field nor attribute: float32.
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from rudder.data.feature_encoding import STORAGE_TYPES, FeatureEncoding
 
 FORMAT_NAME = "rudder-partitions"
 FORMAT_VERSION = 1
@@ -105,12 +113,19 @@ class PartitionMeta:
     preprocessing: dict = field(default_factory=dict)
     parts: list[PartInfo] = field(default_factory=list)
     partitioner: dict = field(default_factory=dict)
+    feature_dtype: str = "float32"  # the storage type (rudder.data.feature_encoding); absent in older directories
+    feature_lossless: bool = True  # widening the stored rows gives back the input's float32 bits
+    feature_max_abs_error: float = 0.0  # largest |stored - input| when not lossless
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
     @property
     def num_parts(self) -> int:
         return len(self.offsets) - 1
+
+    @property
+    def feature_encoding(self) -> FeatureEncoding:
+        return FeatureEncoding(self.feature_dtype, self.feat_dim)
 
     def owner_of(self, gids: np.ndarray) -> np.ndarray:
         """Partition owning each global ID (binary search on the contiguous ranges)."""
@@ -119,6 +134,7 @@ class PartitionMeta:
     def to_json(self) -> str:
         d = {k: getattr(self, k) for k in ("format", "format_version", "source", "dataset", "num_nodes", "num_edges",
                                            "feat_dim", "num_classes", "method", "seed", "created", "edge_hash",
+                                           "feature_dtype", "feature_lossless", "feature_max_abs_error",
                                            "partitioner", "preprocessing", "offsets")}
         d["num_parts"] = self.num_parts
         d["parts"] = [vars(p) for p in self.parts]
@@ -152,6 +168,8 @@ class PartitionMeta:
             raise PartitionFormatError(f"{path}: malformed metadata ({e})") from None
         if len(meta.parts) != meta.num_parts:
             raise PartitionFormatError(f"{path}: {len(meta.parts)} part entries for {meta.num_parts} partitions")
+        if meta.feature_dtype not in STORAGE_TYPES:
+            raise PartitionFormatError(f"{path}: feature_dtype {meta.feature_dtype!r} is not one of {', '.join(STORAGE_TYPES)}")
         return meta
 
 
@@ -186,22 +204,26 @@ def global_csr(parts: list[Partition]) -> tuple[np.ndarray, np.ndarray]:
     return indptr.astype(np.int64), np.concatenate([p.indices for p in parts])
 
 
-def feature_chunk_rows(feat_dim: int, target_bytes: int = 1 << 20) -> int:
-    return max(1, min(1 << 16, target_bytes // (4 * max(feat_dim, 1))))
+def feature_chunk_rows(row_bytes: int, target_bytes: int = 1 << 20) -> int:
+    return max(1, min(1 << 16, target_bytes // max(row_bytes, 1)))
 
 
 def write_partition_file(path: str, *, part_id: int, num_parts: int, node_start: int, num_nodes: int,
                          features: np.ndarray, labels, train_mask, val_mask, test_mask, orig_ids, in_degree,
-                         indptr, indices, halo_nodes, halo_owners, halo_in_degree) -> None:
+                         indptr, indices, halo_nodes, halo_owners, halo_in_degree,
+                         encoding: FeatureEncoding | None = None) -> None:
+    """``features``: float32 rows, stored by ``encoding`` (default float32)."""
     import h5py
 
     owned = features.shape[0]
+    encoding = encoding or FeatureEncoding("float32", features.shape[1])
+    stored = encoding.encode(features)
     with h5py.File(path, "w") as f:
         f.attrs.update({"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "part_id": part_id,
                         "num_parts": num_parts, "node_start": node_start, "node_end": node_start + owned,
-                        "num_nodes": num_nodes})
-        f.create_dataset("features", data=features, dtype=np.float32,
-                         chunks=(min(max(owned, 1), feature_chunk_rows(features.shape[1])), max(features.shape[1], 1)) if owned else None)
+                        "num_nodes": num_nodes, "feature_dtype": encoding.name})
+        f.create_dataset("features", data=stored, dtype=encoding.stored_dtype,
+                         chunks=(min(max(owned, 1), feature_chunk_rows(encoding.row_bytes)), max(encoding.width, 1)) if owned else None)
         for name, arr, dtype in (("labels", labels, np.int64), ("train_mask", train_mask, bool),
                                  ("val_mask", val_mask, bool), ("test_mask", test_mask, bool),
                                  ("orig_ids", orig_ids, np.int64), ("in_degree", in_degree, np.int64),
@@ -232,6 +254,7 @@ def read_partition(directory: str, part_id: int, meta: PartitionMeta | None = No
             a = f.attrs
             if a.get("format") != FORMAT_NAME or int(a.get("format_version", -1)) != FORMAT_VERSION or int(a["part_id"]) != part_id:
                 raise PartitionFormatError(f"{path}: not partition {part_id} of format {FORMAT_NAME} v{FORMAT_VERSION}")
+            _check_feature_dtype(path, a, meta)
             heavy = ("csr/indptr", "csr/indices")
             return Partition(part_id, int(a["node_start"]), int(a["node_end"]),
                              *(f[k][()] if structure or k not in heavy else np.empty(0, f[k].dtype)
@@ -241,19 +264,37 @@ def read_partition(directory: str, part_id: int, meta: PartitionMeta | None = No
         raise PartitionFormatError(f"{path}: unreadable partition file ({e})") from None
 
 
-def read_features(directory: str, part_id: int, meta: PartitionMeta | None = None, out: np.ndarray | None = None) -> np.ndarray:
-    """Owned feature rows of a partition, read into ``out`` when given (e.g. an RMA window's
-    memory) so that large feature blocks are never held twice."""
+def _check_feature_dtype(path: str, attrs, meta: PartitionMeta) -> None:
+    stored = str(attrs.get("feature_dtype", "float32"))
+    if stored != meta.feature_dtype:
+        raise PartitionFormatError(f"{path}: features stored as {stored}, metadata.json says {meta.feature_dtype}")
+
+
+def read_stored_features(directory: str, part_id: int, meta: PartitionMeta | None = None,
+                         out: np.ndarray | None = None) -> np.ndarray:
+    """Owned feature rows of a partition as stored (``meta.feature_encoding``), read into ``out``
+    when given (e.g. an RMA window's memory) so that large feature blocks are never held twice."""
     import h5py
 
     meta = meta or PartitionMeta.load(directory)
     path = _h5_path(directory, meta, part_id)
+    encoding = meta.feature_encoding
     with h5py.File(path, "r") as f:
+        _check_feature_dtype(path, f.attrs, meta)
         ds = f["features"]
+        if ds.dtype != encoding.stored_dtype or ds.shape[1:] != (encoding.width,):
+            raise PartitionFormatError(f"{path}: features are {ds.dtype} {ds.shape}, expected {encoding.stored_dtype} "
+                                       f"rows of {encoding.width} for {encoding.name} features {meta.feat_dim} wide")
         if out is None:
-            out = np.empty(ds.shape, dtype=np.float32)
-        elif out.shape != ds.shape:
-            raise PartitionFormatError(f"{path}: features have shape {ds.shape}, buffer has {out.shape}")
+            out = np.empty(ds.shape, dtype=ds.dtype)
+        elif out.shape != ds.shape or out.dtype != ds.dtype:
+            raise PartitionFormatError(f"{path}: features are {ds.dtype} {ds.shape}, buffer is {out.dtype} {out.shape}")
         if ds.shape[0]:
             ds.read_direct(out)
     return out
+
+
+def read_features(directory: str, part_id: int, meta: PartitionMeta | None = None) -> np.ndarray:
+    """Owned feature rows of a partition, widened to float32 (offline checks and baselines)."""
+    meta = meta or PartitionMeta.load(directory)
+    return meta.feature_encoding.decode(read_stored_features(directory, part_id, meta))

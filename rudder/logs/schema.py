@@ -36,7 +36,7 @@ MINIBATCH_ROW = table(
     ("rows_local", "i8", "feature rows read from this rank's own segment"),
     ("rows_shared", "i8", "feature rows read from a same-node peer through shared memory"),
     ("rows_rma", "i8", "feature rows read by RMA Get"),
-    ("bytes_rma", "i8", "feature bytes read by RMA Get"),
+    ("bytes_rma", "i8", "feature bytes read by RMA Get, rows at their stored size (data's feature_row_bytes)"),
     ("owners_rma", "i4", "owners read by RMA"),
     ("adjacency_rows_rma", "i8", "sampling's remote CSR entries read by RMA"),
     ("adjacency_bytes_rma", "i8", "sampling's remote CSR bytes read by RMA"),

@@ -8,6 +8,12 @@ then fetch everything else, the refills of a replacement included, in ONE reques
 (own and same-node rows by shared memory, the rest by RMA), copy the hits, and settle. The result
 is bit-identical to a plain gather whatever the policy; the stats are the per-minibatch metrics
 (spec 1.10) plus timings.
+
+The store moves rows in their stored type (bits, uint8, float16, ...) and hands them over
+widened to float32, so buffers hold widened rows: a hit is a plain copy (no decode on every
+minibatch), the buffers and the node-shared buffer stay type-free, and a buffer's capacity is
+in rows (``--buffer-fraction`` of the halo), so compact slots would save memory but not hold
+more rows without changing the remote-row counts the policies are compared on.
 """
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--machine", default="perlmutter-gpu", choices=[*MACHINES, "none"],
                     help="the time model (docs/simulator.md); none: rows only")
     ap.add_argument("--ranks-per-node", type=int, default=0, help="trainers per node (default: the machine's)")
-    ap.add_argument("--feat-dim", type=int, default=0, help="feature width for bytes and flops (default: the data's)")
+    ap.add_argument("--feat-dim", type=int, default=0,
+                    help="feature width for bytes and flops (default: the data's; bytes a row by the data's storage type)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", help="write the summary as JSON here")
     options.add_arguments(ap, TrainConfig, DEFAULTS, SECTIONS, skip=NOT_SIMULATED)

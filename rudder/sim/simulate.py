@@ -37,6 +37,7 @@ import numpy as np
 from rudder.agent.deciders import make_decider
 from rudder.agent.protocol import trainer_facts
 from rudder.agent.service import DecisionService
+from rudder.data.feature_encoding import FeatureEncoding
 from rudder.logs import metrics
 from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
@@ -94,7 +95,7 @@ def facts_of(graph: Graph, cfg: TrainConfig, part: int, capacity: int) -> dict:
                          capacity)
 
 
-COLUMNS = ("rows_fetched", "rows_rma", "hits", "misses", "refills", "candidates", "replaced", "fetch_seconds")
+COLUMNS = ("rows_fetched", "rows_rma", "bytes_rma", "hits", "misses", "refills", "candidates", "replaced", "fetch_seconds")
 
 
 def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, machine: Machine | None,
@@ -119,6 +120,7 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
             f = a.fetch
             out["rows_fetched"][i] = f.rows_shared + f.rows_remote
             out["rows_rma"][i] = f.rows_remote
+            out["bytes_rma"][i] = f.bytes_remote
             for c in ("hits", "misses", "refills", "candidates"):
                 out[c][i] = getattr(a, c)
             out["replaced"][i] = a.replaced
@@ -152,7 +154,8 @@ def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | Non
     meta = _GRAPH.meta
     dim = feat_dim or meta.feat_dim
     widths = [dim] + [cfg.model.hidden] * (len(cfg.sampling.fanouts) - 1) + [meta.num_classes]
-    jobs = [(cfg, policies, p, machine, widths, 4 * dim) for p in range(meta.num_parts)]
+    row_bytes = FeatureEncoding(meta.feature_dtype, dim).row_bytes  # rows move in their stored type
+    jobs = [(cfg, policies, p, machine, widths, row_bytes) for p in range(meta.num_parts)]
     results = {}
     if workers > 1 and len(jobs) > 1:
         with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:

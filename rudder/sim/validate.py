@@ -1,5 +1,6 @@
 """``python -m rudder.simulate --validate RUN``: re-simulate a run of drivers/train.py from its
-logs and compare every minibatch's counts, which must be equal exactly."""
+logs and compare every minibatch's counts, which must be equal exactly (the RMA rows and bytes
+too when every trainer was a node of its own, as the simulation without a machine is)."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,7 +39,12 @@ def validate(run_dir: str, workers: int = 1) -> tuple[int, list[str]]:
                 **{c: sim[c][:n] for c in ("hits", "misses", "refills", "replaced", "candidates")}}
         theirs = {c: mb[c] for c in COMPARED}
         ours["rows_fetched"], theirs["rows_fetched"] = sim["rows_fetched"][:n], mb["rows_shared"] + mb["rows_rma"]
-        for c in (*COMPARED, "rows_fetched"):
+        compared_here = (*COMPARED, "rows_fetched")
+        if r.layout["num_nodes"] == r.layout["num_trainers"]:  # every trainer a node of its own, as simulated:
+            for c in ("rows_rma", "bytes_rma"):  # every other partition's rows came by RMA, at their stored size
+                ours[c], theirs[c] = sim[c][:n], mb[c]
+            compared_here += ("rows_rma", "bytes_rma")
+        for c in compared_here:
             diff = np.flatnonzero(np.asarray(ours[c]) != np.asarray(theirs[c]))
             if diff.size:
                 i = diff[0]

@@ -37,7 +37,8 @@ class DataSection:
                                  "share it and split its training nodes", choices=PARTITION_MODES)
     rma_gets: str = option("auto", "how off-node feature rows are read: runs (one contiguous Get per run of rows, served "
                            "without the owner), indexed (one Get per owner with indexed datatypes, which MPICH serves "
-                           "only when the owner enters MPI), auto (runs for rows of 4 KiB or more)", choices=GETS)
+                           "only when the owner enters MPI), auto (runs for rows of 4 KiB or more as stored: see the partition "
+                           "tool's --feature-dtype)", choices=GETS)
     verify_data: bool = option(True, "check each partition file's checksum at start-up", resumable=True)
 
 

@@ -158,6 +158,7 @@ class Trainer:
                "buffer_fill_bytes_rma": fill.bytes_remote}
         data = {"dir": cfg.data.path, "dataset": meta.dataset, "source": meta.source, "num_parts": meta.num_parts,
                 "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "feat_dim": meta.feat_dim,
+                "feature_dtype": meta.feature_dtype, "feature_row_bytes": meta.feature_encoding.row_bytes,
                 "created": meta.created, "edge_hash": meta.edge_hash}
         self.log = RunLog(log_path(cfg.output.run_dir, layout.world.rank),
                           {"role": TRAINER, "config": cfg.to_json(), "versions": json.dumps(library_versions()),

@@ -37,7 +37,7 @@ rows, full = store.gather(np.arange(meta.num_nodes))
 assert np.array_equal(rows, truth)
 on_node = sum(meta.parts[p].num_owned for p in store.views)
 assert full.rows_local + full.rows_shared == on_node and full.rows_remote == meta.num_nodes - on_node
-assert full.bytes_remote == full.rows_remote * meta.feat_dim * 4
+assert full.bytes_remote == full.rows_remote * meta.feature_encoding.row_bytes  # rows move as stored
 
 # 2-hop sampling from this trainer's seeds: every destination gets min(in-degree, fanout) true
 # in-neighbours, with adjacency of the other node read by RMA.
