@@ -64,12 +64,13 @@ def bench_datasets(rmat_scale: int, feat_dim: int) -> dict:
     return datasets
 
 
-def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[str], wrapper: list[str] = ()) -> list[str]:
+def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[str], wrapper: list[str] = (),
+              repo: str | None = None) -> list[str]:
     """``mpiexec -n RANKS python drivers/train.py`` on PARTS into RUN_DIR (replacing an earlier run),
     MPICH told the host is CLIQUES nodes, behind ``wrapper`` if given (a shaped network:
     ``python -m rudder.netem ... --``); exits with the job's stderr on failure. Returns the rank
-    log paths."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    log paths. ``repo``: whose drivers/train.py (and library: it runs its own), this one's by default."""
+    repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cmd = [*wrapper, os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
            os.path.join(repo, "drivers", "train.py"), "--data", parts, "--run-dir", run_dir, "--overwrite",
            "--eval-every", "0", "--progress", "none", "--no-verify-data", *flags]

@@ -58,3 +58,30 @@ class ReferenceBuffer:
 
     def state(self):
         return sorted((s[0], float(s[1])) for s in self.slots), {n: float(c) for n, c in self.miss_count.items()}
+
+
+class ReferenceWindow:
+    """The lookahead buffer from its definition: after each minibatch, of the buffered rows and
+    the minibatch's admissible misses keep the ``capacity`` first by (next use within the window,
+    last use latest first, node ID); empty slots are used never and rank by their sentinel IDs."""
+
+    def __init__(self, capacity, admissible, num_nodes):
+        self.slots = {num_nodes + i: -1 for i in range(capacity)}  # node id -> last use
+        self.admissible, self.capacity, self.clock = set(int(a) for a in admissible), capacity, 0
+
+    def step(self, nodes, future):
+        """One minibatch; returns its number of hits."""
+        self.clock += 1
+        nodes = [int(n) for n in nodes]
+        hits = [n for n in nodes if n in self.slots]
+        for n in hits:
+            self.slots[n] = self.clock
+        pool = dict(self.slots)
+        pool.update({n: self.clock for n in nodes if n not in self.slots and n in self.admissible})
+
+        def next_use(n):
+            return next((d for d, f in enumerate(future, start=1) if n in set(int(i) for i in f)), float("inf"))
+
+        kept = sorted(pool, key=lambda n: (next_use(n), -pool[n], n))[:self.capacity]
+        self.slots = {n: pool[n] for n in kept}
+        return len(hits)

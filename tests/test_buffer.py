@@ -5,27 +5,34 @@ and the lookahead buffer's Belady choice."""
 from __future__ import annotations
 
 import numpy as np
-from buffer_reference import ReferenceBuffer
+from buffer_reference import ReferenceBuffer, ReferenceWindow
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rudder.prefetch.buffers import BufferSettings, eviction_threshold
-from rudder.prefetch.scored_buffer import ScoredBuffer
+from rudder.prefetch.buffers import AdmissibleIndex, BufferSettings, eviction_threshold, find_sorted
+from rudder.prefetch.scored_buffer import ScoredBuffer, most_missed
 from rudder.prefetch.window_buffer import WindowBuffer
 
 
-def step(buf, nodes, asked):
-    """One minibatch through the buffer protocol, the policy's verdict being ``asked``."""
+def step(buf, nodes, asked, pending=False):
+    """One minibatch through the buffer protocol, the policy's verdict being ``asked``; a
+    pending replacement's rows (a node's row: its ID) arrive at once."""
     look = buf.lookup(np.asarray(nodes, dtype=np.int64))
-    return look, buf.replace(look, asked)
+    assert (buf.features[look.slots, 0] == look.nodes[look.hit]).all()  # a hit's row is its node's
+    rep = buf.replace(look, asked, pending)
+    if rep is not None:
+        buf.settle(look, rep, rep.inserted.astype(np.float32)[:, None], None, [])
+    return look, rep
 
 
-def replay(trace, triggers, halo, degree, fraction, init, alpha, delta, compat, num_nodes=1000, owned=(0, 10)):
+def replay(trace, triggers, halo, degree, fraction, init, alpha, delta, compat, num_nodes=1000, owned=(0, 10),
+           pending=False):
     s = BufferSettings(fraction, init, alpha, delta, compat, "halo")
     ours = ScoredBuffer(s, halo, degree, owned, num_nodes, dim=1, rng=np.random.default_rng(0))
     ref = ReferenceBuffer(ours.ids, halo, alpha, delta, compat)  # the same initial contents
+    ours.features[:, 0] = ours.ids
     for nodes, trigger in zip(trace, triggers):
-        look, rep = step(ours, nodes, trigger)
+        look, rep = step(ours, nodes, trigger, pending)
         hits, misses, evicted, inserted = ref.step(nodes, trigger)
         assert (look.hits, look.misses) == (hits, misses)
         if rep is not None:
@@ -43,18 +50,19 @@ traces = st.integers(10, 60).flatmap(lambda universe: st.tuples(
     st.sampled_from(["degree", "random", "empty"]),
     st.sampled_from([(0.05, 1), (0.05, 2), (0.005, 32), (0.3, 3)]),
     st.sampled_from([0.1, 0.25, 0.5, 1.0]),
-    st.booleans()))
+    st.booleans(), st.booleans()))
 
 
 @settings(max_examples=150, deadline=None)
 @given(traces)
 def test_equals_reference_on_random_traces(case):
-    universe, trace, triggers, init, (alpha, delta), fraction, compat = case
+    """Pending replacements (a shared buffer's) whose rows arrive at once are the same buffer."""
+    universe, trace, triggers, init, (alpha, delta), fraction, compat, pending = case
     rng = np.random.default_rng(universe)
     halo = np.sort(rng.choice(np.arange(10, universe + 10), size=universe // 2, replace=False))  # owned: 0..9
     degree = rng.integers(1, 50, size=halo.size)
     trace = [[n + 0 for n in t] for t in trace]  # nodes 0..universe-1: owned, halo and other remote
-    replay(trace, triggers, halo, degree, fraction, init, alpha, delta, compat)
+    replay(trace, triggers, halo, degree, fraction, init, alpha, delta, compat, pending=pending)
 
 
 def test_equals_reference_on_a_recorded_cora_trace(tmp_path):
@@ -127,3 +135,108 @@ def test_window_buffer_keeps_the_rows_needed_soonest():
     assert sorted(buf.ids.tolist()) == [11, 13]  # 13 next, then 11 or 12 (tie: lower ID); 3 is local
     look = buf.lookup(np.array([13, 14]))
     assert look.hit.tolist() == [True, False] and buf.features[look.slots, 0].tolist() == [13.0]
+
+
+windows = st.tuples(
+    st.lists(st.lists(st.integers(0, 40), unique=True, max_size=14), min_size=1, max_size=30),
+    st.integers(0, 12), st.integers(1, 6), st.sampled_from(["halo", "remote"]),
+    st.lists(st.integers(0, 29), max_size=3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(windows)
+def test_window_buffer_equals_its_definition(case):
+    """Buffered rows and their last uses, minibatch by minibatch, against the plain sort of
+    buffer and misses; the window shrinks at the trace's end, and at the ``breaks`` minibatches
+    the buffer is checkpointed and restored (its window bookkeeping rebuilt) or handed a window
+    it has not seen (shifted by one)."""
+    trace, capacity, window, scope, breaks = case
+    owned, num_nodes = (0, 5), 60
+    halo = np.arange(5, 41, 2) if scope == "halo" else np.arange(5, 41)
+    arrays = [np.array(t, dtype=np.int64) for t in trace]
+    ours = WindowBuffer(capacity, halo, owned, num_nodes, dim=1, scope=scope)
+    ours.queue.chunk = 2  # its reads end inside a minibatch's rows, as they do at scale
+    admissible = [n for n in range(num_nodes) if not owned[0] <= n < owned[1]] if scope == "remote" else halo
+    ref = ReferenceWindow(ours.capacity, admissible, num_nodes)
+    for b, nodes in enumerate(arrays):
+        future = arrays[b + 1:b + 1 + window]
+        if b in breaks and b % 2:
+            ours.load_state_dict(ours.state_dict())
+        elif b in breaks:
+            future = [a.copy() for a in arrays[b + 2:b + 2 + window]]  # equal content, new arrays: not the last window
+        look = ours.lookup(nodes)
+        assert (ours.features[look.slots, 0] == nodes[look.hit]).all()  # a hit's row is its node's
+        ours.settle(look, None, None, nodes.astype(np.float32)[:, None], future)
+        assert look.hits == ref.step(nodes, future)
+        assert dict(zip(ours.ids.tolist(), ours.last_used.tolist())) == ref.slots
+        assert ours.occupancy == sum(n < num_nodes for n in ref.slots)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.integers(0, 700), max_size=80), st.lists(st.integers(0, 2000), max_size=60), st.integers(0, 700))
+def test_admissible_index_equals_a_binary_search_of_the_halo(halo, nodes, owned_end):
+    halo, nodes = np.array(sorted(halo), dtype=np.int64), np.array(nodes, dtype=np.int64)
+    index, ok = AdmissibleIndex(halo, (0, owned_end), 701, "halo").find(nodes)
+    pos, found = find_sorted(halo, nodes)
+    assert ok.tolist() == found.tolist() and index[ok].tolist() == pos[found].tolist() and not index[~ok].any()
+    index, ok = AdmissibleIndex(halo, (0, owned_end), 701, "remote").find(nodes)
+    assert ok.tolist() == ((nodes >= owned_end) & (nodes < 701)).tolist() and index[ok].tolist() == nodes[ok].tolist()
+
+
+class SharedArrays:
+    """The arrays of the first buffer built with ``alloc``, handed in the same order to the next
+    (what ``rudder.comm.shared_memory.NodeSharedArrays`` does across the trainers of a node)."""
+
+    def __init__(self):
+        self.arrays, self.next = [], 0
+
+    def alloc(self, shape, dtype):
+        if self.next == len(self.arrays):
+            self.arrays.append(np.zeros(shape, dtype=dtype))
+        self.next += 1
+        return self.arrays[self.next - 1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 59), unique=True, max_size=20), st.booleans()),
+                min_size=1, max_size=60), st.sampled_from(["degree", "empty"]), st.booleans())
+def test_two_trainers_sharing_a_buffer_read_only_arrived_rows(ops, init, compat):
+    """Three trainers share one buffer and take turns (each op: a trainer's minibatch, asking
+    for a replacement or not); a trainer's pending rows arrive only when it next takes a turn, so
+    the others replace and look up around slots still awaiting rows. Every hit reads its node's
+    own row, and the buffer holds what its IDs say."""
+    halo, num_nodes = np.arange(10, 50), 60
+    s = BufferSettings(0.5, init, 0.3, 2, compat, "halo")
+    shared = SharedArrays()
+    trainers = []
+    for t in range(3):
+        shared.next = 0
+        trainers.append(ScoredBuffer(s, halo, np.arange(40) % 7, (0, 10), num_nodes, 1, np.random.default_rng(0),
+                                     alloc=shared.alloc, initialise=t == 0))
+    buf = trainers[0]
+    buf.features[:, 0] = buf.ids
+    waiting = [None] * 3
+    for who, nodes, asked in ops:
+        b = trainers[who]
+        if waiting[who] is not None:
+            rep = waiting[who]
+            b.settle(None, rep, rep.inserted.astype(np.float32)[:, None], None, [])
+            waiting[who] = None
+        look = b.lookup(np.array(nodes, dtype=np.int64))
+        assert (b.features[look.slots, 0] == np.array(nodes, dtype=np.int64)[look.hit]).all()
+        waiting[who] = b.replace(look, asked, pending=True)
+        real = np.flatnonzero(buf.ids < num_nodes)
+        assert (buf.features[real, 0] == buf.ids[real]).all() and buf.occupancy == real.size
+        mapped = buf.slot_of[buf.slot_of >= 0]
+        assert (buf.ids[mapped] == halo[buf.slot_of >= 0]).all()  # a mapped slot holds its node, arrived
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 1.0, 2.0, 3.0, 1e-39, 2.5e-38, 7.0, 1e30]), max_size=60),
+       st.integers(0, 70))
+def test_most_missed_is_a_stable_sort_by_count(counts, k):
+    """Selecting before sorting (float32 bits as keys, subnormal counts too) gives the first k
+    of the stable descending sort of the counts above 0."""
+    counts = np.array(counts, dtype=np.float32)
+    wanted = np.flatnonzero(counts > 0)
+    assert most_missed(counts, k).tolist() == wanted[np.argsort(-counts[wanted], kind="stable")][:k].tolist()

@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 
-FORMAT_VERSION = 2  # 2: config sections, policy and collector states by name
+FORMAT_VERSION = 3  # 2: config sections, policy and collector states by name; 3: buffer slots in no order, scored buffer counters
 
 
 def root(run_dir: str) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 
 from rudder.comm.dist_array import ReadStats, take_rows
 from rudder.logs import metrics
-from rudder.prefetch.buffers import BufferSettings, PrefetchBuffer
+from rudder.prefetch.buffers import BufferSettings, PrefetchBuffer, find_sorted
 from rudder.prefetch.observation import MinibatchView
 from rudder.prefetch.policies import ASKERS, Policy
 
@@ -113,7 +113,6 @@ class CachedFeatures:
         """Feature rows of ``nodes`` (unique global IDs); ``future``: the next minibatches' input
         nodes, nearest first (what a lookahead buffer ranks by)."""
         buf, shared = self.buffer, self.shared is not None
-        x = np.empty((nodes.size, self.store.dim), dtype=np.float32)
         t0 = time.perf_counter()
         with self.lock():  # a shared buffer: the hits are copied before anyone changes a slot
             look = buf.lookup(nodes)
@@ -124,25 +123,22 @@ class CachedFeatures:
             asked = bool(self.policy.wants_replacement(view))
             t1 = time.perf_counter()
             rep = buf.replace(look, asked, pending=shared)
+            refill_ids = rep.inserted if rep is not None else np.zeros(0, dtype=np.int64)
+            # a row per input node, and past them room for the refills that are not inputs
+            rows = np.empty((nodes.size + refill_ids.size, self.store.dim), dtype=np.float32)
+            x = rows[:nodes.size]
             if shared:
                 take_rows(buf.features, look.slots, x, np.flatnonzero(look.hit))
         t2 = time.perf_counter()
         miss_at = np.flatnonzero(~look.hit)
-        missed = nodes[miss_at]
-        refill_ids = rep.inserted if rep is not None else np.zeros(0, dtype=np.int64)
         refill_rows = None
+        # a buffer of this trainer's own: its hits are copied after, so the fetch may spare them
         if refill_ids.size == 0:  # the common case: misses land straight in their rows of x
-            # (a buffer of this trainer's own: its hits are copied after, so the fetch may spare them)
-            _, fetch = self.store.gather(missed, out=x, at=miss_at, spare=not shared)
-        elif self.compat:  # the reference's merged request: refills, then misses
-            rows, fetch = self.store.gather(np.concatenate([refill_ids, missed]))
-            x[miss_at] = rows[refill_ids.size:]
-            refill_rows = rows[:refill_ids.size]
-        else:  # one request too, but a refill that is also a miss is fetched once
-            request, where = np.unique(np.concatenate([refill_ids, missed]), return_inverse=True)
-            rows, fetch = self.store.gather(request)
-            refill_rows = rows[where[:refill_ids.size]]
-            x[miss_at] = rows[where[refill_ids.size:]]
+            _, fetch = self.store.gather(nodes[miss_at], out=x, at=miss_at, spare=not shared)
+        else:  # one request for misses and refills, each row fetched straight to where it goes
+            request, at, refill_at = self._request(nodes, miss_at, refill_ids)
+            _, fetch = self.store.gather(request, out=rows, at=at, spare=not shared)
+            refill_rows = rows[refill_at]
         if not shared:  # before settling changes any slot
             take_rows(buf.features, look.slots, x, np.flatnonzero(look.hit))
         t3 = time.perf_counter()
@@ -156,6 +152,22 @@ class CachedFeatures:
         return x, AssemblyStats(fetch, hits, look.misses, refills, entered, look.candidates, look.refetched, asked,
                                 ASKERS[self.policy.asker] if asked else 0, buf.occupancy, self.hit_total,
                                 self.miss_total, t1 - t0, t2 - t1 + time.perf_counter() - t3, t3 - t2)
+
+    def _request(self, nodes: np.ndarray, miss_at: np.ndarray, refill_ids: np.ndarray):
+        """(IDs to read, the output row each goes to, the output row of each refill) for the
+        misses (rows ``miss_at`` of x) and a replacement's refills (rows past the inputs; a refill
+        that is also a miss is read once into x, unless ``compat``: the reference reads refills,
+        then misses, such a row twice)."""
+        n, missed = nodes.size, nodes[miss_at]
+        if self.compat:
+            tail = n + np.arange(refill_ids.size)
+            return np.concatenate([refill_ids, missed]), np.concatenate([tail, miss_at]), tail
+        order = np.argsort(missed, kind="stable")
+        pos, is_miss = find_sorted(missed[order], refill_ids)
+        refill_at = np.empty(refill_ids.size, dtype=np.int64)
+        refill_at[is_miss] = miss_at[order[pos[is_miss]]]
+        refill_at[~is_miss] = n + np.arange(np.count_nonzero(~is_miss))
+        return np.concatenate([missed, refill_ids[~is_miss]]), np.concatenate([miss_at, refill_at[~is_miss]]), refill_at
 
 
 def feature_source(store, policy: Policy, settings: BufferSettings, partition, num_nodes: int, rng: np.random.Generator,

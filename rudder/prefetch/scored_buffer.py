@@ -6,13 +6,20 @@ the partition's 1-hop halo H (the paper), or with scope ``remote`` every node ow
 (S_N then spans all node IDs: the reference's "standard" variant; the halo one is its
 "memory-efficient" variant, which gives identical results).
 
-Every minibatch: slots are re-sorted by ID if a replacement reordered them, every score decays by
-d = 1 - alpha, a hit divides its slot's score by d (freezing it), and each admissible miss adds
-1 to its S_N. On a replacement: eviction candidates are the slots with S_E < round(d^delta, 3)
-compared in float32, in slot (= ID) order; refills are the admissible nodes with S_N > 0, most
-missed first (stable); k = min of the two counts; evicted nodes get S_N := their S_E, inserted
-ones S_E := their S_N and S_N := -1. The refills are fetched together with the minibatch's
-misses in one request (``rudder.prefetch.assembly``).
+Every minibatch every score decays by d = 1 - alpha, a hit divides its slot's score by d
+(freezing it), and each admissible miss adds 1 to its S_N. On a replacement: eviction
+candidates are the slots with S_E < round(d^delta, 3) compared in float32, in node ID order;
+refills are the admissible nodes with S_N > 0, most missed first (stable); k = min of the two
+counts; evicted nodes get S_N := their S_E, inserted ones S_E := their S_N and S_N := -1. The
+refills are fetched together with the minibatch's misses in one request
+(``rudder.prefetch.assembly``).
+
+Slots stay where they are (a map from admissible node to slot finds the hits), so a minibatch
+costs work in proportion to its inputs; only the decay, one float32 multiply of every score in
+place, and the count of candidates below the threshold touch every slot. A lazy decay (d^k from
+a stored age) would not be the same scores: k float32 multiplications round k times, and a hit's
+divide-by-d does not always undo a multiply (docs/results-buffer.md has the numbers), while the
+reference and the simulator's equality with real runs need them bit for bit.
 
 ``compat=True`` reproduces the reference code exactly, including its quirk (spec 1.6 item 10):
 on a minibatch that triggered a replacement and found eviction candidates, the S_N update is
@@ -24,19 +31,29 @@ from __future__ import annotations
 import numpy as np
 
 from rudder.prefetch.buffers import (
+    AdmissibleIndex,
     BufferSettings,
     Lookup,
     PrefetchBuffer,
     Replacement,
-    admissible,
     capacity_of,
     eviction_threshold,
-    find_sorted,
 )
 
 
 def _private(shape, dtype) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
+
+
+def most_missed(counts: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` indices with a count above 0, most missed first, ties by index (a stable
+    sort of them by count), selecting before sorting: positive float32 counts order as their bits."""
+    wanted = np.flatnonzero(counts > 0)
+    if k >= wanted.size:
+        return wanted[np.argsort(-counts[wanted], kind="stable")]
+    key = (np.int64(2**31 - 1) - counts[wanted].view(np.int32)) << 32 | wanted  # index < 2^32
+    first = np.argpartition(key, k - 1)[:k] if k else np.zeros(0, dtype=np.int64)
+    return wanted[first[np.argsort(key[first])]]
 
 
 class ScoredBuffer(PrefetchBuffer):
@@ -45,17 +62,18 @@ class ScoredBuffer(PrefetchBuffer):
     Its state lives in arrays from ``alloc(shape, dtype)`` and is only ever updated in place, so
     the trainers of a node can share one buffer in shared memory (``rudder.comm.shared_memory``);
     there, ``initialise`` is true on one of them, and a replacement leaves the refilled slots
-    *pending* (unmatchable) until their rows arrive (``complete``), so that no other trainer
-    reads a slot before its row is there."""
+    *pending* (holding a token, mapped from no node) until their rows arrive (``complete``), so
+    that no other trainer reads a slot before its row is there."""
 
     shareable = True
-    STATE = ("ids", "score", "features", "miss_count", "pending", "state")
+    STATE = ("ids", "score", "features", "miss_count", "pending", "counters")  # slot_of follows from ids
 
     def __init__(self, settings: BufferSettings, halo: np.ndarray, halo_in_degree: np.ndarray, owned: tuple[int, int],
                  num_nodes: int, dim: int, rng: np.random.Generator, alloc=_private, initialise: bool = True):
         self.settings = s = settings
         order = np.argsort(halo, kind="stable")
         self.halo, halo_in_degree = np.asarray(halo, np.int64)[order], np.asarray(halo_in_degree)[order]
+        self.index = AdmissibleIndex(self.halo, owned, num_nodes, s.scope)
         self.owned, self.num_nodes = owned, num_nodes
         self.capacity = capacity_of(s.fraction, self.halo.size)
         self.decay = np.float32(1.0 - s.alpha)
@@ -64,12 +82,15 @@ class ScoredBuffer(PrefetchBuffer):
         self.ids = alloc((B,), np.int64)
         self.score = alloc((B,), np.float32)
         self.features = alloc((B, dim), np.float32)
-        # S_N: one float32 per admissible node (halo: by position in the sorted halo; remote: by ID)
-        self.miss_count = alloc((self.halo.size if s.scope == "halo" else num_nodes,), np.float32)
+        # per admissible node (halo: by position in the sorted halo; remote: by ID): S_N, and the slot holding it
+        self.miss_count = alloc((self.index.size,), np.float32)
+        self.slot_of = alloc((self.index.size,), np.int32)  # -1: in no slot (or in a pending one)
         self.pending = alloc((B,), np.int64)  # node ID awaited by a pending slot
-        self.state = alloc((2,), np.int64)  # [ids unsorted since the last replacement, pending tokens issued]
+        self.counters = alloc((2,), np.int64)  # [pending tokens issued, slots holding a real row]
         self.pending_base = num_nodes + B  # pending slots hold IDs from here: never a node, never an empty sentinel
-        self.last_evicted = np.zeros(0, dtype=np.int64)  # sorted real IDs the latest replacement evicted (this trainer's)
+        # this trainer's latest replacement: the real IDs it evicted (sorted), and a mark per admissible node
+        self.last_evicted = np.zeros(0, dtype=np.int64)
+        self.evicted = np.zeros(self.index.size, dtype=bool)
         if not initialise:
             return
         if s.init == "degree":  # top-B halo nodes by global in-degree, ties by ID
@@ -81,8 +102,9 @@ class ScoredBuffer(PrefetchBuffer):
             self.ids[:] = np.arange(num_nodes, num_nodes + B, dtype=np.int64)
         self.score[:] = 1.0
         self.miss_count[:] = 0
-        self.state[:] = 0
-        idx, ok = self.admissible(self.ids)
+        self.counters[:] = [0, np.count_nonzero(self.ids < num_nodes)]
+        self._map_slots()
+        idx, ok = self.index.find(self.ids)
         self.miss_count[idx[ok]] = -1
 
     @classmethod
@@ -91,71 +113,80 @@ class ScoredBuffer(PrefetchBuffer):
         return cls(settings, partition.halo_nodes, partition.halo_in_degree, (partition.node_start, partition.node_end),
                    num_nodes, dim, rng, **extra)
 
+    def _map_slots(self) -> None:
+        """``slot_of`` from ``ids`` (pending tokens and sentinels map from no node)."""
+        self.slot_of[:] = -1
+        idx, ok = self.index.find(self.ids)
+        self.slot_of[idx[ok]] = np.flatnonzero(ok)
+
     def initial_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """(slots, node IDs) whose features the initial fill must fetch (none for sentinels)."""
         real = np.flatnonzero(self.ids < self.num_nodes)
         return real, self.ids[real]
 
-    def admissible(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """S_N index of each node, and whether the node is admissible at all."""
-        return admissible(nodes, self.halo, self.owned, self.num_nodes, self.settings.scope)
-
     def lookup(self, nodes: np.ndarray) -> Lookup:
         """Decay, then find ``nodes`` (unique); hits freeze their slots' scores."""
-        if self.state[0]:
-            order = np.argsort(self.ids, kind="stable")
-            self.ids[:], self.score[:], self.pending[:] = self.ids[order], self.score[order], self.pending[order]
-            self.features[:] = self.features[order]
-            self.state[0] = 0
-        self.score *= self.decay
-        pos, hit = find_sorted(self.ids, nodes)
-        slots = pos[hit]
+        np.multiply(self.score, self.decay, out=self.score)
+        idx, ok = self.index.find(nodes)
+        slot = np.where(ok, self.slot_of[idx], -1) if self.index.size else np.full(nodes.size, -1)
+        hit = slot >= 0
+        slots = slot[hit]
         self.score[slots] /= self.decay
-        missed = nodes[~hit]
-        _, ok = self.admissible(missed)
-        return Lookup(nodes, hit, slots, int(ok.sum()), int(self.eviction_candidates().size),
-                      int(find_sorted(self.last_evicted, missed)[1].sum()))
+        miss_at = np.flatnonzero(ok & ~hit)
+        miss_index = idx[miss_at]
+        return Lookup(nodes, hit, slots, int(miss_at.size), self.candidate_count(),
+                      int(np.count_nonzero(self.evicted[miss_index])), miss_at, miss_index)
 
-    def count_misses(self, missed: np.ndarray) -> int:
+    def candidate_count(self) -> int:
+        return int(np.count_nonzero(self.score < self.threshold))  # float32 compare
+
+    def count_misses(self, lookup: Lookup) -> int:
         """S_N += 1 for each admissible missed node; returns how many were admissible."""
-        idx, ok = self.admissible(missed)
-        np.add.at(self.miss_count, idx[ok], 1)  # nodes are unique, but stay safe
-        return int(ok.sum())
+        self.miss_count[lookup.miss_index] += 1  # unique: the nodes are
+        return lookup.misses
 
     def replace(self, lookup: Lookup, asked: bool, pending: bool = False) -> Replacement | None:
         """The miss counts (corrected or reference order), then the replacement if asked for."""
         if not self.settings.compat or not (asked and lookup.candidates):  # the reference skips it then
-            self.count_misses(lookup.missed)
+            self.count_misses(lookup)
         return self._replace(pending) if asked else None
 
     def eviction_candidates(self) -> np.ndarray:
-        return np.flatnonzero(self.score < self.threshold)  # float32 compare, slot order
+        """Slots with S_E below the threshold, in node ID order (pending tokens and sentinels
+        order by their IDs too, as when the slots were kept sorted)."""
+        cand = np.flatnonzero(self.score < self.threshold)
+        return cand[np.argsort(self.ids[cand], kind="stable")]
 
     def _replace(self, pending: bool) -> Replacement:
         cand = self.eviction_candidates()
         counts = self.miss_count
-        wanted = np.flatnonzero(counts > 0)
-        wanted = wanted[np.argsort(-counts[wanted], kind="stable")]
-        k = min(cand.size, wanted.size)
-        slots, take = cand[:k], wanted[:k]
-        inserted = self.halo[take] if self.settings.scope == "halo" else take.astype(np.int64)
+        take = most_missed(counts, cand.size)
+        k = take.size
+        slots = cand[:k]
+        inserted = self.index.node_of(take)
         evicted = self.ids[slots].copy()
+        self.counters[1] -= np.count_nonzero(evicted < self.num_nodes)
         awaited = evicted >= self.pending_base  # a pending slot leaves before its row came
         evicted[awaited] = self.pending[slots[awaited]]
-        idx, ok = self.admissible(evicted)
+        idx, ok = self.index.find(evicted)
         new_scores = counts[take].copy()
         counts[idx[ok]] = self.score[slots][ok]  # evicted: S_N := last S_E
         counts[take] = -1
         self.score[slots] = new_scores  # inserted: S_E := S_N
+        left = idx[ok][self.slot_of[idx[ok]] == slots[ok]]  # a node two pending slots awaited is mapped to one
+        self.slot_of[left] = -1
         if pending:
-            tokens = self.pending_base + self.state[1] + np.arange(k, dtype=np.int64)
-            self.state[1] += k
+            tokens = self.pending_base + self.counters[0] + np.arange(k, dtype=np.int64)
+            self.counters[0] += k
             self.ids[slots], self.pending[slots] = tokens, inserted
         else:
             self.ids[slots] = inserted
+            self.slot_of[take] = slots
+            self.counters[1] += k
         if k:
-            self.state[0] = 1
+            self._mark_evicted(False)
             self.last_evicted = np.sort(evicted[evicted < self.num_nodes])
+            self._mark_evicted(True)
         return Replacement(slots, evicted, inserted, int(cand.size), self.ids[slots].copy(), pending)
 
     def settle(self, lookup: Lookup, replacement: Replacement | None, refill_rows: np.ndarray | None, x: np.ndarray,
@@ -169,16 +200,15 @@ class ScoredBuffer(PrefetchBuffer):
         return int(replacement.slots.size)
 
     def complete(self, rep: Replacement, rows: np.ndarray) -> int:
-        """Put the fetched rows of a pending replacement in place, found by their tokens (other
-        trainers may have re-sorted the slots meanwhile, or replaced some again: those are left
-        alone). Returns the slots completed."""
-        order = np.argsort(self.ids, kind="stable")
-        pos, still = find_sorted(self.ids[order], rep.tokens)
-        slots = order[pos[still]]
+        """Put the fetched rows of a pending replacement in place: its slots that still hold its
+        tokens (another trainer may have replaced some again meanwhile: those are left alone).
+        Returns the slots completed."""
+        still = self.ids[rep.slots] == rep.tokens
+        slots, nodes = rep.slots[still], rep.inserted[still]
         self.features[slots] = rows[still]
-        self.ids[slots] = rep.inserted[still]
-        if slots.size:
-            self.state[0] = 1
+        self.ids[slots] = nodes
+        self.slot_of[self.index.find(nodes)[0]] = slots
+        self.counters[1] += slots.size
         return int(slots.size)
 
     def state_dict(self) -> dict:
@@ -188,12 +218,15 @@ class ScoredBuffer(PrefetchBuffer):
     def load_state_dict(self, state: dict) -> None:
         for k in self.STATE:  # in place: the arrays may live in shared memory
             getattr(self, k)[...] = state[k]
+        self._map_slots()
+        self.evicted[:] = False
         self.last_evicted = state["last_evicted"]
+        self._mark_evicted(True)
+
+    def _mark_evicted(self, value: bool) -> None:
+        idx, ok = self.index.find(self.last_evicted)
+        self.evicted[idx[ok]] = value
 
     @property
     def occupancy(self) -> int:
-        return int((self.ids < self.num_nodes).sum())
-
-    @property
-    def sorted(self) -> bool:
-        return not self.state[0]
+        return int(self.counters[1])
