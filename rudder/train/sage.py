@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse
 import torch
 from torch import nn
 
@@ -42,7 +43,7 @@ class Block:
             order = np.argsort(dst, kind="stable")
             src, dst = src[order], dst[order]
         indptr = _indptr(torch.from_numpy(dst), layer.num_dst)
-        rev = _reverse(torch.from_numpy(src), torch.from_numpy(dst), layer.num_src) if backward else (None, None)
+        rev = _host_reverse(indptr.numpy(), src, layer.num_dst, layer.num_src) if backward else (None, None)
         return cls.of_tensors(layer.num_src, layer.num_dst, [indptr, torch.from_numpy(src), *rev])
 
     @classmethod
@@ -73,6 +74,15 @@ def _indptr(rows: torch.Tensor, num_rows: int) -> torch.Tensor:
     indptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
     torch.cumsum(torch.bincount(rows, minlength=num_rows), 0, out=indptr[1:])
     return indptr
+
+
+def _host_reverse(indptr: np.ndarray, src: np.ndarray, num_dst: int, num_src: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_reverse`` on the host by scipy's CSR-to-CSC transposition: a counting sort, linear in the
+    edges, several times faster than a sort of the sources; the same arrays."""
+    ones = np.ones(src.size, dtype=np.float32)
+    reverse = scipy.sparse.csr_array((ones, src, indptr), shape=(num_dst, num_src)).tocsc()
+    return (torch.from_numpy(reverse.indptr.astype(np.int64, copy=False)),
+            torch.from_numpy(reverse.indices.astype(np.int64, copy=False)))
 
 
 def _reverse(src: torch.Tensor, dst: torch.Tensor, num_src: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,8 @@ sent with non-blocking copies on a stream of the stager's own; the pipeline thre
 for those copies (so the pinned buffers are free again and the tensors complete before the step
 sees them) while the training thread's kernels run on the compute stream. ``claim``, in the
 training thread, tells the allocator that the compute stream uses the tensors, so their memory
-is not reused while its kernels may still read it.
+is not reused while its kernels may still read it. (DGL's blocks, with ``--model-impl dgl`` and
+a CUDA build of DGL, are moved there by DGL itself.)
 """
 from __future__ import annotations
 
@@ -34,35 +35,37 @@ class InputStager:
         self.cuda = device.type == "cuda"
         if self.cuda:
             self.stream = torch.cuda.Stream(device)
-            self.copied = torch.cuda.Event()
+            self.copied = torch.cuda.Event(blocking=True)  # the pipeline thread sleeps, not spins, on it
             self.pinned_ints = torch.empty(0, dtype=torch.int64)
             self.pinned_x = torch.empty(0, dtype=torch.float32)
 
     def __call__(self, item) -> DeviceInputs:
         """The inputs of a prepared minibatch (``rudder.prefetch.pipeline.Prepared``) on the device."""
         blocks = self.model.blocks(item.minibatch.layers)
-        labels = self.labels_of(item.seeds)
+        labels = torch.from_numpy(self.labels_of(item.seeds))
+        x = torch.from_numpy(item.x)
         if not self.cuda:
-            return DeviceInputs(blocks, torch.from_numpy(item.x), torch.from_numpy(labels))
+            return DeviceInputs(blocks, x, labels)
+        torch_blocks = self.model.impl == "torch"  # DGL's blocks move themselves, in ``claim``
+        ints = [t for b in blocks for t in b.tensors()] if torch_blocks else []
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            if self.model.impl == "dgl":  # DGL blocks move themselves (with a CUDA build of DGL)
-                blocks, ints = [b.to(self.device) for b in blocks], [torch.from_numpy(labels)]
-            else:
-                ints = [t for b in blocks for t in b.tensors()] + [torch.from_numpy(labels)]
-            self.pinned_ints = _fit(self.pinned_ints, (sum(t.numel() for t in ints),))
-            self.pinned_x = _fit(self.pinned_x, item.x.shape)
-            host_ints, host_x = self.pinned_ints[:sum(t.numel() for t in ints)], self.pinned_x[:item.x.shape[0]]
-            torch.cat(ints, out=host_ints)
-            host_x.numpy()[...] = item.x
-            device_ints = host_ints.to(self.device, non_blocking=True)
-            x = host_x.to(self.device, non_blocking=True)
-            parts = list(device_ints.split([t.numel() for t in ints]))
-            if self.model.impl != "dgl":
+            device_ints, device_x = self._send(ints + [labels], x)
+            parts = device_ints.split([t.numel() for t in ints + [labels]])
+            if torch_blocks:
                 blocks = [Block.of_tensors(b.num_src, b.num_dst, parts[4 * i:4 * i + 4]) for i, b in enumerate(blocks)]
-            owned = (device_ints, x, *(b.degree for b in blocks if isinstance(b, Block)))
+            owned = (device_ints, device_x, *(b.degree for b in blocks if torch_blocks))
             self.copied.record(self.stream)
         self.copied.synchronize()
-        return DeviceInputs(blocks, x, parts[-1], owned)
+        return DeviceInputs(blocks, device_x, parts[-1], owned)
+
+    def _send(self, ints: list, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One int64 and one float32 copy through the reused pinned buffers, on the current stream."""
+        count = sum(t.numel() for t in ints)
+        self.pinned_ints, self.pinned_x = _fit(self.pinned_ints, (count,)), _fit(self.pinned_x, tuple(x.shape))
+        host_ints, host_x = self.pinned_ints[:count], self.pinned_x[:x.shape[0]]
+        torch.cat(ints, out=host_ints)
+        host_x.copy_(x)  # a torch copy: the training thread runs meanwhile
+        return host_ints.to(self.device, non_blocking=True), host_x.to(self.device, non_blocking=True)
 
     def claim(self, inputs: DeviceInputs) -> DeviceInputs:
         """In the training thread, before the step uses ``inputs``."""
@@ -70,6 +73,8 @@ class InputStager:
             compute = torch.cuda.current_stream(self.device)
             for tensor in inputs.owned:
                 tensor.record_stream(compute)
+            if self.model.impl == "dgl":
+                inputs.blocks = [b.to(self.device) for b in inputs.blocks]
         return inputs
 
 
