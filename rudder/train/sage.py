@@ -5,10 +5,11 @@ nothing but a CUDA build of torch.
 A ``Block`` is one sampled layer (``rudder.sampling.neighbors.Layer``: edges as local indices,
 destination nodes first among the sources) as two CSR index pairs: the in-edges of every
 destination, which the forward pass averages over, and the out-edges of every source, which the
-backward pass sums gradients over. Both directions are a sparse-dense product with torch's CSR
-kernels (MKL on CPU, cuSPARSE on CUDA; no atomics, so the same inputs give the same bits), run
-through one autograd function because torch's own backward of a CSR product transposes the
-matrix on every call (docs/training.md has the measurements).
+backward pass sums gradients over (made on the host with the block, in the pipeline thread).
+Both directions are a sparse-dense product with torch's CSR kernels (MKL on CPU, without
+atomics, so the same inputs give the same bits; cuSPARSE on CUDA), run through one autograd
+function because torch's own backward of a CSR product transposes the matrix on every call
+(docs/training.md has the measurements).
 """
 from __future__ import annotations
 
