@@ -1,7 +1,8 @@
 """Single-process DGL GraphSAGE training: the yardstick distributed training is held to.
 
-Same partitions (reassembled into one graph), same model class and hyperparameters, but DGL's
-own neighbour sampler and DataLoader in one process, and DGL's full-neighbour sampler for
+Same partitions (reassembled into one graph), same model class and hyperparameters, but all of
+it DGL's: its SAGEConv layer (``--model-impl dgl``; distributed training defaults to our torch
+layer), its neighbour sampler and DataLoader in one process, and its full-neighbour sampler for
 evaluation. Returns the test accuracy after the last epoch."""
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def train_reference(parts_dir: str, *, epochs: int, batch_size: int, fanouts=(10
 
     torch.manual_seed(seed)
     dgl.seed(seed)
-    model = GraphSAGE(meta.feat_dim, hidden, meta.num_classes, len(fanouts), dropout)
+    model = GraphSAGE(meta.feat_dim, hidden, meta.num_classes, len(fanouts), dropout, impl="dgl")
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     loader = dgl.dataloading.DataLoader(g, train, dgl.dataloading.NeighborSampler(list(fanouts)),
                                         batch_size=batch_size, shuffle=True)

@@ -26,6 +26,7 @@ def test_paper_defaults_and_batch_rule():
     cfg = parse_config(["--data", "d", "--run-dir", "r"])
     assert (cfg.sampling.fanouts, cfg.model.hidden, cfg.model.lr, cfg.model.dropout, cfg.training.epochs,
             cfg.training.eval_every) == ([10, 25], 16, 0.003, 0.5, 100, 5)
+    assert (cfg.model.impl, cfg.model.device, cfg.model.gpu_allreduce) == ("torch", "cpu", "auto")
     assert cfg.resolved_batch_size(100_000) == 2000  # the paper's batch on big partitions
     assert cfg.resolved_batch_size(140) == 35 and cfg.resolved_batch_size(20) == 16  # >= 4 steps on small ones
     cfg.sampling.batch_size = 64
@@ -39,6 +40,8 @@ def test_paper_defaults_and_batch_rule():
     (["--data", "d", "--run-dir", "r", "--fanouts", "a"], "--fanouts"),
     (["--data", "d", "--run-dir", "r", "--dropout", "1.5"], "--dropout"),
     (["--data", "d", "--run-dir", "r", "--device", "tpu"], "--device"),
+    (["--data", "d", "--run-dir", "r", "--model-impl", "pyg"], "--model-impl"),
+    (["--data", "d", "--run-dir", "r", "--gpu-allreduce", "nccl"], "--gpu-allreduce"),
     (["--data", "d", "--run-dir", "r", "--partition-mode", "x"], "--partition-mode"),
     (["--data", "d", "--run-dir", "r", "--bogus"], "--bogus"),
     (["--data", "d", "--run-dir", "r", "--policy", "lru"], "--policy"),

@@ -16,7 +16,10 @@ def make_data(rank):
     return torch.randn(n, 5, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def test_gradient_is_the_global_mean():
+@pytest.mark.parametrize("wire", ["numpy", "tensor"])
+def test_gradient_is_the_global_mean(wire):
+    """``tensor``: MPI handed the torch tensor itself, as the device path hands it a CUDA buffer
+    (mpi4py reads both through DLPack)."""
     from mpi4py import MPI
 
     from rudder.train.data_parallel import GradientAllreduce, broadcast_parameters, parameter_digest
@@ -35,7 +38,11 @@ def test_gradient_is_the_global_mean():
         loss = torch.nn.functional.cross_entropy(model(x), y, reduction="sum")
         loss.backward()
         loss_sum = float(loss)
-    totals = GradientAllreduce(comm, model).allreduce(len(y), loss_sum, stop=comm.rank == comm.size - 1)
+    allreduce = GradientAllreduce(comm, model)
+    assert allreduce.path == "host" and allreduce.seconds_staging == 0.0
+    if wire == "tensor":
+        allreduce.wire_buffer = allreduce.wire
+    totals = allreduce.allreduce(len(y), loss_sum, stop=comm.rank == comm.size - 1)
     assert totals.stop  # the last rank asked; every rank learns it
 
     # The same step in one process over every rank's data.

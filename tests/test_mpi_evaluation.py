@@ -1,5 +1,6 @@
-"""Distributed layer-wise evaluation equals full-neighbour inference of the same model on the
-whole graph in one process (DGL's MultiLayerFullNeighborSampler), at any process count."""
+"""Distributed layer-wise evaluation, with either GraphSAGE layer, equals full-neighbour inference
+of the same parameters on the whole graph in one process (DGL's MultiLayerFullNeighborSampler and
+DGL's SAGEConv), at any process count."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,9 @@ from conftest import BUNDLED_CORA, partition_on_rank0
 pytestmark = pytest.mark.mpi
 
 
+@pytest.mark.parametrize("impl", ["torch", "dgl"])
 @pytest.mark.parametrize("num_layers", [2, 3])
-def test_layerwise_equals_full_graph_inference(tmp_path_factory, num_layers):
+def test_layerwise_equals_full_graph_inference(tmp_path_factory, num_layers, impl):
     from rudder.comm.layout import build_layout, exposer_table
     from rudder.data.adjacency import Adjacency
     from rudder.data.dgl_bridge import load_dgl
@@ -20,14 +22,14 @@ def test_layerwise_equals_full_graph_inference(tmp_path_factory, num_layers):
     from rudder.train.evaluation import evaluate
     from rudder.train.model import GraphSAGE
 
-    out = partition_on_rank0(tmp_path_factory, f"planetoid:{BUNDLED_CORA}:cora", f"cora-eval{num_layers}")
+    out = partition_on_rank0(tmp_path_factory, f"planetoid:{BUNDLED_CORA}:cora", f"cora-eval{num_layers}{impl}")
     meta = PartitionMeta.load(out)
     layout = build_layout(meta.num_parts)
     part = read_partition(out, layout.partition_id, meta)
     exposer = exposer_table(layout, meta.num_parts)
     features, adjacency = FeatureStore(layout, meta, out, exposer), Adjacency(layout, meta, part, exposer)
     torch.manual_seed(3)  # the same random model on every rank
-    model = GraphSAGE(meta.feat_dim, 16, meta.num_classes, num_layers, dropout=0.5)
+    model = GraphSAGE(meta.feat_dim, 16, meta.num_classes, num_layers, dropout=0.5, impl=impl)
     with torch.no_grad():  # make the classes non-trivial for an untrained model
         for p in model.parameters():
             p.mul_(4)
@@ -43,13 +45,15 @@ def test_layerwise_equals_full_graph_inference(tmp_path_factory, num_layers):
                   num_nodes=meta.num_nodes)
     x = torch.from_numpy(np.concatenate([read_features(out, p, meta) for p in range(meta.num_parts)]))
     y = np.concatenate([p.labels for p in parts])
-    model.eval()
+    reference = GraphSAGE(meta.feat_dim, 16, meta.num_classes, num_layers, dropout=0.5, impl="dgl")
+    reference.load_state_dict(model.state_dict())
+    reference.eval()
     sampler = dgl.dataloading.MultiLayerFullNeighborSampler(num_layers)
     for name, mask in (("val", "val_mask"), ("test", "test_mask")):
         nodes = torch.from_numpy(np.flatnonzero(np.concatenate([getattr(p, mask) for p in parts])))
         input_nodes, seeds, blocks = sampler.sample_blocks(g, nodes)
         with torch.no_grad():
-            pred = model(blocks, x[input_nodes]).argmax(1).numpy()
+            pred = reference(blocks, x[input_nodes]).argmax(1).numpy()
         correct = int((pred == y[seeds.numpy()]).sum())
         # Sums in another order may flip a near-tie; allow one node either way.
         assert abs(ours[name] * nodes.numel() - correct) <= 1, (name, ours[name], correct / nodes.numel())

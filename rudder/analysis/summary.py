@@ -12,7 +12,7 @@ from rudder.analysis.decisions import decision_quality
 from rudder.logs import metrics
 from rudder.logs.reader import Run
 
-TIMERS = ("t_sample", "t_fetch", "t_wait", "t_forward_backward", "t_allreduce", "t_update")
+TIMERS = ("t_sample", "t_fetch", "t_copy", "t_wait", "t_forward_backward", "t_allreduce", "t_grad_copy", "t_update")
 
 
 def agent_seconds(run: Run, epochs: int) -> float | None:

@@ -12,6 +12,7 @@ signals that stop training cleanly.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import os
 import platform
@@ -45,6 +46,35 @@ def require_thread_multiple() -> None:
         library = MPI.Get_library_version().splitlines()[0].strip()
         raise RuntimeError(f"the MPI library ({library}) granted MPI_THREAD_{names.get(granted, granted)}, but Rudder needs "
                            f"MPI_THREAD_MULTIPLE (on Cray MPICH: export MPICH_MAX_THREAD_SAFETY=multiple)")
+
+
+def mpi_cuda_support() -> bool | None:
+    """Whether the MPI library takes CUDA device buffers: mpi4py's own query where it has one,
+    else ``MPIX_Query_cuda_support`` (MPICH, Open MPI) from the libmpi this process loaded; None
+    when neither answers (then nothing is assumed)."""
+    from mpi4py import MPI
+
+    query = getattr(MPI, "Query_cuda_support", None)
+    if query is not None:
+        return bool(query())
+    for path in _loaded_libraries("libmpi"):
+        try:
+            function = ctypes.CDLL(path).MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        function.restype, function.argtypes = ctypes.c_int, []
+        return bool(function())
+    return None
+
+
+def _loaded_libraries(prefix: str) -> list[str]:
+    """Paths of the shared libraries mapped into this process whose names start with ``prefix``."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/" in line}
+    except OSError:  # not Linux
+        return []
+    return sorted(p for p in paths if os.path.basename(p).startswith(prefix))
 
 
 def library_versions() -> dict:

@@ -1,4 +1,6 @@
-"""The one door to DGL: every DGL import in Rudder goes through ``load_dgl()``.
+"""The one door to DGL: every DGL import in Rudder goes through ``load_dgl()``, and only when
+DGL is used (``--model-impl dgl``, the tests' single-process reference): importing this module
+imports no DGL.
 
 DGL 2.1.0 (the newest Linux wheel) eagerly loads its GraphBolt C++ library, built only for
 torch 2.0-2.2.1, so a plain ``import dgl`` on torch 2.13 raises FileNotFoundError for
@@ -48,8 +50,19 @@ def sage_conv(in_feats: int, out_feats: int):
     return load_dgl().nn.SAGEConv(in_feats, out_feats, aggregator_type="mean")
 
 
+def runs_on_cuda() -> bool:
+    """Whether this DGL build can put a graph on a CUDA device."""
+    import torch
+
+    try:
+        load_dgl().graph((torch.tensor([0]), torch.tensor([0]))).to("cuda")
+    except Exception:  # DGLError on CPU builds, a CUDA error without a GPU: either way, it cannot
+        return False
+    return True
+
+
 def to_blocks(layers, device=None) -> list:
-    """DGL message-flow blocks from sampled layers (``rudder.sampler.Layer``, input side first):
+    """DGL message-flow blocks from sampled layers (``rudder.sampling.neighbors.Layer``, input side first):
     edges as local (src, dst) indices, destination nodes first among the sources."""
     import torch
 

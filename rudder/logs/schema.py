@@ -54,12 +54,15 @@ MINIBATCH_ROW = table(
     ("hit_ratio", "f8", "cumulative hits over cacheable lookups"),
     ("t_sample", "f8", "seconds sampling the minibatch (pipeline thread)"),
     ("t_fetch", "f8", "seconds of the whole feature assembly: lookup, decision, replacement, gather, settle"),
+    ("t_copy", "f8", "seconds making the blocks and putting them, the features and labels on the model's device "
+     "(pipeline thread; on CPU the blocks alone)"),
     ("t_lookup", "f8", "seconds of the buffer lookup and the policy's decision"),
     ("t_replace", "f8", "seconds of the buffer's bookkeeping, replacement and settling"),
     ("t_rma", "f8", "seconds inside RMA Get..Flush (sampling's CSR reads and feature rows)"),
     ("t_wait", "f8", "seconds the training thread waited for this minibatch's inputs"),
     ("t_forward_backward", "f8", "seconds of forward and backward"),
     ("t_allreduce", "f8", "seconds in the gradient Allreduce"),
+    ("t_grad_copy", "f8", "seconds of t_allreduce copying gradients between GPU and host (the staged path; else 0)"),
     ("t_update", "f8", "seconds of the optimiser step"),
     ("loss", "f4", "this trainer's mean loss (NaN for an empty minibatch)"),
     ("global_loss", "f4", "mean loss over all trainers' seeds"),
@@ -70,8 +73,9 @@ EPOCH_ROW = table(
     ("steps", "i4", "steps trained (the steps per epoch unless stopped early)"),
     ("complete", "i1", "1 if every step of the epoch was trained"),
     ("seconds", "f8", "wall time of the epoch's steps on this trainer (evaluation excluded)"),
-    *[(t, "f8", f"sum of the minibatches' {t}") for t in ("t_sample", "t_fetch", "t_rma", "t_wait",
-                                                          "t_forward_backward", "t_allreduce", "t_update")],
+    *[(t, "f8", f"sum of the minibatches' {t}") for t in ("t_sample", "t_fetch", "t_copy", "t_rma", "t_wait",
+                                                          "t_forward_backward", "t_allreduce", "t_grad_copy",
+                                                          "t_update")],
     *[(c, "i8", f"sum of the minibatches' {c}") for c in ("input_nodes", "input_remote", "bytes_rma", "hits", "misses",
                                                           "refills", "comm_volume")],
     ("loss", "f4", "mean of the minibatches' global loss"),
@@ -81,7 +85,8 @@ EPOCH_ROW = table(
     ("param_digest", "i8", "digest of the parameters, equal on every trainer: the replicas agree"),
 )
 # Minibatch timers summed into the epoch row.
-EPOCH_TIMERS = ("t_sample", "t_fetch", "t_rma", "t_wait", "t_forward_backward", "t_allreduce", "t_update")
+EPOCH_TIMERS = ("t_sample", "t_fetch", "t_copy", "t_rma", "t_wait", "t_forward_backward", "t_allreduce", "t_grad_copy",
+                "t_update")
 
 # Why a decision fell back to the configured default, as the ``fallback_code`` column records it.
 FALLBACKS = ("none", "error", "invalid_answer", "timeout", "trainer_finished", "unavailable")

@@ -7,7 +7,8 @@ minibatch is prepared when the training thread asks for it: the DistDGL baseline
 
 A lookahead policy needs the inputs of the next W minibatches: the pipeline samples W ahead of
 the minibatch it assembles. Sampling runs in one thread in schedule order whatever the depth or
-window, so a seed gives the same minibatches under every policy.
+window, so a seed gives the same minibatches under every policy. The trainer's ``stage`` puts
+each minibatch's inputs on its device in the same thread (``rudder.train.staging``).
 """
 from __future__ import annotations
 
@@ -34,17 +35,21 @@ class Prepared:
     t_sample: float
     t_assemble: float
     snapshot: dict | None = None  # buffer and policy state right after this minibatch (a checkpoint's)
+    inputs: object = None  # what ``stage`` made of it (the trainer's: its inputs on the model's device)
+    t_stage: float = 0.0
 
 
 class MinibatchPipeline:
-    def __init__(self, schedule, sampler, assembler, depth: int, lookahead: int = 0, snapshot=None, watch=None):
+    def __init__(self, schedule, sampler, assembler, depth: int, lookahead: int = 0, snapshot=None, stage=None,
+                 watch=None):
         """``schedule``: iterator of (epoch, step, seeds) over the whole run; ``snapshot``:
         ``(epoch, step) -> dict | None``, called right after a minibatch is assembled, before the
-        next one changes anything (a checkpoint's buffer and policy state); ``watch(what)``: told
-        what the preparing thread is doing (a watchdog's)."""
+        next one changes anything (a checkpoint's buffer and policy state); ``stage``:
+        ``Prepared -> object``, called last, its result kept as ``Prepared.inputs``; ``watch(what)``:
+        told what the preparing thread is doing (a watchdog's)."""
         self.schedule, self.sampler, self.assembler = schedule, sampler, assembler
         self.watch = watch or (lambda what: None)
-        self.depth, self.lookahead, self.snapshot = depth, lookahead, snapshot
+        self.depth, self.lookahead, self.snapshot, self.stage = depth, lookahead, snapshot, stage
         self.ahead: collections.deque = collections.deque()  # sampled, not yet assembled
         self.done = False
         self.stop = threading.Event()
@@ -77,8 +82,13 @@ class MinibatchPipeline:
         x, stats = self.assembler.assemble(mb.input_nodes, future)
         t_assemble = time.perf_counter() - t
         state = self.snapshot(epoch, step) if self.snapshot is not None else None
+        item = Prepared(epoch, step, seeds, mb, x, stats, t_sample, t_assemble, state)
+        if self.stage is not None:
+            t = time.perf_counter()
+            item.inputs = self.stage(item)
+            item.t_stage = time.perf_counter() - t
         self.watch(f"minibatch {epoch}:{step} prepared, waiting to hand it over")
-        return Prepared(epoch, step, seeds, mb, x, stats, t_sample, t_assemble, state)
+        return item
 
     def _produce(self) -> None:
         try:

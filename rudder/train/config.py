@@ -24,6 +24,7 @@ from rudder.logs import checkpoints
 from rudder.prefetch.buffers import INIT_MODES, SCOPES
 from rudder.prefetch.policies import POLICIES
 from rudder.train import options
+from rudder.train.model import IMPLEMENTATIONS
 from rudder.train.options import ConfigError, need, option
 
 PAPER_BATCH_SIZE = 2000
@@ -49,6 +50,12 @@ class ModelSection:
     dropout: float = option(0.5, "dropout between layers", check=(lambda v: 0 <= v < 1, "a number in [0, 1)"))
     device: str = option("cpu", "cuda puts the model and minibatches on the rank's GPU (node rank modulo GPUs)",
                          choices=("cpu", "cuda"))
+    impl: str = option("torch", "the GraphSAGE layer: torch (rudder.train.sage, any device) or dgl (DGL's SAGEConv; "
+                       "PyPI's DGL is CPU-only); the same function and parameters", name="model_impl",
+                       choices=IMPLEMENTATIONS)
+    gpu_allreduce: str = option("auto", "with --device cuda, where MPI reads the gradients: device (a CUDA-aware MPI), "
+                                "host (staged through pinned host memory), auto (device if the MPI library says it is "
+                                "CUDA-aware)", choices=("auto", "device", "host"))
 
 
 @dataclass

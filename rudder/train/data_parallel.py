@@ -7,6 +7,10 @@ when trainers hold minibatches of different sizes (or none). Two more scalars ri
 message: the loss sum (for the log) and a stop flag, so that a SIGINT/SIGTERM seen by any rank
 stops every rank after the same step without an extra collective.
 
+On a GPU the buffer is gathered on the device and, unless the MPI library is CUDA-aware, staged
+through pinned host memory around the call (``GradientAllreduce.path`` says which; the trainer
+logs it with the run and the staging copies' time with each minibatch).
+
 Replicas start identical (parameters broadcast from trainer 0) and stay identical because every
 rank applies the same reduced gradient with the same optimiser; ``parameter_digest`` lets the
 trainer check that every epoch.
@@ -14,6 +18,7 @@ trainer check that every epoch.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,13 +35,24 @@ class StepTotals:
 
 class GradientAllreduce:
     EXTRAS = 4  # seeds, loss sum, stop flag, checkpoint flag
+    PATHS = ("host", "staged", "device")  # where MPI reads and writes the flat buffer
 
-    def __init__(self, comm, module: torch.nn.Module):
+    def __init__(self, comm, module: torch.nn.Module, device_buffer: bool = False):
+        """Gradients on the CPU: one host buffer (path ``host``). On a GPU: gathered into a
+        device buffer that MPI reads directly when ``device_buffer`` (a CUDA-aware MPI: path
+        ``device``), else copied through a pinned host buffer (path ``staged``)."""
         self.comm = comm
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
-        self.flat = torch.zeros(self.numel + self.EXTRAS, dtype=torch.float32)
-        self.flat_np = self.flat.numpy()  # the same memory, for MPI
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.path = "host" if device.type == "cpu" else "device" if device_buffer else "staged"
+        self.flat = torch.zeros(self.numel + self.EXTRAS, dtype=torch.float32, device=device)  # where gradients gather
+        if self.path == "staged":
+            self.wire = torch.zeros(self.flat.shape, dtype=torch.float32, pin_memory=True)  # what MPI reads
+        else:
+            self.wire = self.flat
+        self.wire_buffer = self.wire.numpy() if self.path != "device" else self.wire  # the same memory, for MPI
+        self.seconds_staging = 0.0  # the last call's copies between device and host (path staged)
 
     def allreduce(self, num_seeds: int, loss_sum: float, stop: bool, checkpoint: bool = False) -> StepTotals:
         """Sum gradients (of summed losses) over the trainers, then set each ``.grad`` to the
@@ -50,8 +66,10 @@ class GradientAllreduce:
         else:  # an empty minibatch contributes nothing
             self.flat[:self.numel].zero_()
         self.flat[self.numel:] = torch.tensor([num_seeds, loss_sum, float(stop), float(checkpoint)])
-        self.comm.Allreduce(MPI.IN_PLACE, self.flat_np, op=MPI.SUM)
-        seeds, loss, stops, checkpoints = (float(x) for x in self.flat_np[self.numel:])
+        self._to_wire()
+        self.comm.Allreduce(MPI.IN_PLACE, self.wire_buffer, op=MPI.SUM)
+        self._from_wire()
+        seeds, loss, stops, checkpoints = (float(x) for x in self.wire[self.numel:].tolist())
         if seeds > 0:
             self.flat[:self.numel].div_(seeds)
             offset = 0
@@ -64,6 +82,25 @@ class GradientAllreduce:
                     p.grad.copy_(chunk)
                 offset += n
         return StepTotals(int(round(seeds)), loss, stops > 0, checkpoints > 0)
+
+    def _to_wire(self) -> None:
+        """MPI knows no CUDA stream: the buffer must be complete before the call."""
+        self.seconds_staging = 0.0
+        if self.path == "host":
+            return
+        start = time.perf_counter()
+        if self.path == "staged":
+            self.wire.copy_(self.flat, non_blocking=True)
+        torch.cuda.current_stream(self.flat.device).synchronize()
+        if self.path == "staged":
+            self.seconds_staging = time.perf_counter() - start
+
+    def _from_wire(self) -> None:
+        if self.path == "staged":
+            start = time.perf_counter()
+            self.flat.copy_(self.wire, non_blocking=True)
+            torch.cuda.current_stream(self.flat.device).synchronize()
+            self.seconds_staging += time.perf_counter() - start
 
 
 def broadcast_parameters(comm, module: torch.nn.Module, root: int = 0) -> None:

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from rudder.comm.dist_array import DistributedArray
-from rudder.data.dgl_bridge import to_blocks
 from rudder.data.feature_store import NodeRows
 from rudder.sampling.neighbors import NeighborSampler
 from rudder.sampling.schedule import my_share
@@ -69,4 +68,5 @@ def evaluate(model, layout, meta, partition, features: NodeRows, adjacency, expo
 def _layer_output(model, layer: int, full: NeighborSampler, inputs: NodeRows, dst: np.ndarray, device) -> torch.Tensor:
     mb = full.sample(dst)
     x, _ = inputs.gather(mb.input_nodes)
-    return model.layer_forward(layer, to_blocks(mb.layers, device)[0], torch.from_numpy(x).to(device))
+    block = model.blocks(mb.layers, backward=False)[0].to(device)  # no backward: no out-edges
+    return model.layer_forward(layer, block, torch.from_numpy(x).to(device))

@@ -22,6 +22,7 @@ from mpi4py import MPI
 from rudder.agent.server import run_agent
 from rudder.comm.layout import LayoutError, build_layout, exposer_table
 from rudder.comm.runtime import StopRequest, abort_job, agree_on_error, require_thread_multiple
+from rudder.data import dgl_bridge
 from rudder.data.partition_store import PartitionFormatError, PartitionMeta, sha256_file
 from rudder.logs import checkpoints
 from rudder.prefetch.policies import POLICIES
@@ -109,6 +110,15 @@ def check_device(cfg) -> None:
     if cfg.model.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: this rank sees no CUDA device (torch.cuda.is_available() is False; "
                           "a CPU build of torch, or no GPU allocated to the job)")
+    if cfg.model.impl != "dgl":
+        return
+    try:
+        dgl_bridge.load_dgl()
+    except ImportError as e:
+        raise ConfigError(f"--model-impl dgl: DGL cannot be imported ({e}); use --model-impl torch") from None
+    if cfg.model.device == "cuda" and not dgl_bridge.runs_on_cuda():
+        raise ConfigError("--model-impl dgl: this DGL build cannot run on CUDA (PyPI's dgl is CPU-only); "
+                          "use --model-impl torch")
 
 
 def share_cores(layout) -> None:

@@ -24,11 +24,10 @@ from mpi4py import MPI
 from rudder.agent.link import AgentLink
 from rudder.agent.protocol import trainer_facts
 from rudder.comm.layout import exposer_table
-from rudder.comm.runtime import abort_job, library_versions
+from rudder.comm.runtime import abort_job, library_versions, mpi_cuda_support
 from rudder.comm.shared_memory import NodeSharedArrays
 from rudder.comm.watchdog import Watchdog
 from rudder.data.adjacency import Adjacency
-from rudder.data.dgl_bridge import to_blocks
 from rudder.data.feature_store import FeatureStore
 from rudder.data.partition_store import read_partition
 from rudder.logs import metrics
@@ -46,6 +45,7 @@ from rudder.train.data_parallel import GradientAllreduce, broadcast_parameters, 
 from rudder.train.evaluation import evaluate
 from rudder.train.model import GraphSAGE
 from rudder.train.progress import run_summary
+from rudder.train.staging import InputStager
 
 
 @dataclass
@@ -78,13 +78,13 @@ class Trainer:
                                                  self.policy.on_checkpoint)
         self.last_eval: dict[str, float] = {}
         self.stop_signal = 0  # after a stop: the signal that caused it (the same on every rank)
-        self.pinned: torch.Tensor | None = None  # --device cuda: the staging buffer of input features
         self.resumed_rows = self._resumed_epoch_rows() if self.resumed else None
         if cfg.sampling.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
             torch.set_num_threads(layout.threads_per_rank - 1)
         self.pipeline = MinibatchPipeline(self.schedule(self.start), self.sampler, self.features,
                                           cfg.sampling.prefetch_depth, self.policy.lookahead,
                                           snapshot=self.checkpoints.snapshot_if_due if self.checkpoints.enabled else None,
+                                          stage=self.stager,
                                           watch=lambda what: self.watchdog.doing("pipeline thread", what))
         self.watchdog.progress()
 
@@ -124,7 +124,7 @@ class Trainer:
         seed = cfg.training.seed
         torch.manual_seed(seed)
         self.model = GraphSAGE(meta.feat_dim, cfg.model.hidden, meta.num_classes, len(cfg.sampling.fanouts),
-                               cfg.model.dropout).to(self.device)
+                               cfg.model.dropout, cfg.model.impl).to(self.device)
         broadcast_parameters(self.layout.trainers, self.model)
         torch.manual_seed(seed * 1_000_003 + self.layout.trainer_rank + 1)  # dropout differs per rank, as in DDP
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.model.lr)
@@ -132,7 +132,14 @@ class Trainer:
             self.model.load_state_dict(self.resumed.model_state["model"])
             self.optimizer.load_state_dict(self.resumed.model_state["optimizer"])
             torch.set_rng_state(self.resumed.rank_state["torch_rng"])
-        self.allreduce = GradientAllreduce(self.layout.trainers, self.model)
+        # Every trainer must pick the same path: one rank's answer decides (they share one MPI library).
+        self.mpi_cuda_support = mpi_cuda_support() if self.device.type == "cuda" else None
+        choice = cfg.model.gpu_allreduce
+        device_buffer = choice == "device" or (choice == "auto" and bool(self.mpi_cuda_support))
+        device_buffer = self.layout.trainers.bcast(device_buffer, root=0)
+        self.allreduce = GradientAllreduce(self.layout.trainers, self.model, device_buffer)
+        start = self.partition.node_start
+        self.stager = InputStager(self.model, self.device, lambda seeds: self.partition.labels[seeds - start])
 
     def _build_prefetch(self) -> None:
         """The policy, its buffer around the feature store (filled once), and the trainer's facts."""
@@ -152,7 +159,8 @@ class Trainer:
     def _build_log(self) -> None:
         cfg, meta, layout, fill = self.cfg, self.meta, self.layout, self.fill
         run = {"batch_size": self.batch_size, "steps_per_epoch": self.steps_per_epoch, "train_seeds": int(self.my_train),
-               "device": str(self.device), "partition_exposed_here": self.exposes,
+               "device": str(self.device), "model_impl": cfg.model.impl, "allreduce": self.allreduce.path,
+               "mpi_cuda_support": self.mpi_cuda_support, "partition_exposed_here": self.exposes,
                "halo_nodes": int(self.partition.halo_nodes.size), "buffer_capacity": self.facts["capacity"],
                "buffer_fill_rows": fill.rows_local + fill.rows_shared + fill.rows_remote,
                "buffer_fill_bytes_rma": fill.bytes_remote}
@@ -197,19 +205,11 @@ class Trainer:
         return [r for r in rows if r["epoch"] == self.start // self.steps_per_epoch]
 
     # -- one step ------------------------------------------------------------------------------
-    def to_device(self, x: np.ndarray) -> torch.Tensor:
-        """Input features on the model's device: on a GPU through a reused pinned host buffer,
-        so the copy is a DMA that does not wait for pageable memory to be staged. Reusing it is
-        safe: the step reads its loss back (``float(loss)``), which waits for the GPU, before the
-        next minibatch is staged."""
-        if self.device.type != "cuda":
-            return torch.from_numpy(x)
-        if self.pinned is None or self.pinned.shape[0] < x.shape[0]:
-            self.pinned = torch.empty((max(x.shape[0], 2 * (self.pinned.shape[0] if self.pinned is not None else 0)),
-                                       x.shape[1]), dtype=torch.float32, pin_memory=True)
-        staged = self.pinned[:x.shape[0]]
-        staged.numpy()[...] = x
-        return staged.to(self.device, non_blocking=True)
+    def _finish_device_work(self) -> None:
+        """On a GPU, wait for the queued kernels, so that each timer holds its own work (the
+        allreduce needs the gradients and the next step the updated weights anyway)."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def step(self) -> tuple[np.void, bool]:
         self.watchdog.doing("training thread", "waiting for the next minibatch's inputs")
@@ -222,19 +222,20 @@ class Trainer:
             self.log.append_ragged(TRACE, remote)
         loss_sum = 0.0
         if seeds.size:
-            blocks = to_blocks(mb.layers, self.device)
-            labels = torch.from_numpy(self.partition.labels[seeds - self.partition.node_start]).to(self.device)
-            logits = self.model(blocks, self.to_device(item.x))
-            loss = F.cross_entropy(logits, labels, reduction="sum")
+            inputs = self.stager.claim(item.inputs)
+            logits = self.model(inputs.blocks, inputs.x)
+            loss = F.cross_entropy(logits, inputs.labels, reduction="sum")
             self.optimizer.zero_grad(set_to_none=False)
             loss.backward()
             loss_sum = float(loss.detach())
+            self._finish_device_work()
         t3 = time.perf_counter()
         self.watchdog.doing("training thread", f"in the gradient Allreduce of minibatch {item.epoch}:{item.step}")
         totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop(), self.checkpoints.due_by_clock())
         t4 = time.perf_counter()
         if totals.seeds:
             self.optimizer.step()
+            self._finish_device_work()
         t5 = time.perf_counter()
         row = record(MINIBATCH_ROW, self._minibatch_fields(item, remote, waited, loss_sum, totals,
                                                            (t3 - t2, t4 - t3, t5 - t4)))
@@ -261,9 +262,11 @@ class Trainer:
             "candidates": a.candidates, "refetched": a.refetched, "replaced": a.replaced, "asked_by": a.asked_by,
             "occupancy": a.occupancy, "comm_volume": a.comm_volume, "hit_percent": a.hit_percent,
             "hit_ratio": a.hit_total / looked if looked else 0.0,
-            "t_sample": item.t_sample, "t_fetch": item.t_assemble, "t_lookup": a.t_lookup, "t_replace": a.t_replace,
+            "t_sample": item.t_sample, "t_fetch": item.t_assemble, "t_copy": item.t_stage,
+            "t_lookup": a.t_lookup, "t_replace": a.t_replace,
             "t_rma": fetch.seconds_remote + mb.stats.seconds_remote, "t_wait": waited,
-            "t_forward_backward": t_compute, "t_allreduce": t_allreduce, "t_update": t_update,
+            "t_forward_backward": t_compute, "t_allreduce": t_allreduce, "t_grad_copy": self.allreduce.seconds_staging,
+            "t_update": t_update,
             "loss": loss_sum / seeds.size if seeds.size else np.nan,
             "global_loss": totals.loss_sum / totals.seeds if totals.seeds else np.nan,
         }
