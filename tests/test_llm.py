@@ -205,20 +205,23 @@ def test_server_dying_mid_run_costs_fallbacks_not_the_run(tiny_model, llm_server
 
     run = tmp_path / "run"
     job = subprocess.Popen(train_command(3, "--data", parts, "--run-dir", run, "--policy", "llm", "--llm-url", url,
-                                         "--llm-timeout", "5", "--epochs", "60", "--batch-size", "8", "--eval-every", "0",
+                                         "--llm-timeout", "120", "--epochs", "60", "--batch-size", "8", "--eval-every", "0",
                                          "--progress", "none", "--log-flush-seconds", "0.1"),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline, seen = time.monotonic() + 300, None
         while time.monotonic() < deadline and job.poll() is None:  # let the server answer a few decisions
             time.sleep(0.1)
             try:  # a live log: a read may meet a flush half way, then try again
                 agents = [r for r in read_logs(run) if r["role"] == "agent"]
             except (OSError, KeyError):
                 continue
-            if agents and agents[0].get("decisions") is not None and agents[0]["decisions"].size >= 5:
+            answered = agents[0].get("decisions") if agents else None
+            if answered is not None and (answered["fallback"] == 0).sum() >= 5:
+                seen = answered.size
                 break
         assert job.poll() is None, "the run ended before the server could be stopped; give it more epochs"
+        assert seen is not None, "the server answered fewer than 5 decisions in 300 s"
         server.kill()
         server.wait()
         out, err = job.communicate(timeout=300)
@@ -228,10 +231,18 @@ def test_server_dying_mid_run_costs_fallbacks_not_the_run(tiny_model, llm_server
     agent = next(r for r in read_logs(run) if r["role"] == "agent")
     fallback, reasons = agent["decisions"]["fallback"], agent["fallback_reason"]
     served = np.flatnonzero(fallback == 0)
-    assert served.size >= 5 and fallback[:5].sum() == 0  # answered while the server lived
+    assert served.size >= 5  # answered while the server lived (a slow answer may time out; 120 s is generous)
+    # Fallbacks logged after the kill: unavailable (the run's own end may cut its last requests
+    # off instead), none answered once the server was gone, and training went on.
+    codes_all = agent["decisions"]["fallback_code"]
     after = np.flatnonzero(fallback == 1)
-    assert after.size and after.min() > served.min()  # then fallbacks, and training went on
-    assert all("ConnectionError" in reasons[i] for i in after), [reasons[i] for i in after[:3]]
-    assert (agent["decisions"]["fallback_code"][after] == FALLBACKS.index("unavailable")).all()
+    after = after[after >= seen]
+    codes = codes_all[after]
+    assert (codes == FALLBACKS.index("unavailable")).any()
+    first_gone = after[codes == FALLBACKS.index("unavailable")].min()
+    assert (fallback[first_gone:] == 1).all()
+    assert np.isin(codes, [FALLBACKS.index("unavailable"), FALLBACKS.index("trainer_finished")]).all(), \
+        [reasons[i] for i in after[:3]]
+    assert all("ConnectionError" in reasons[i] for i in after[codes == FALLBACKS.index("unavailable")])
     trainers = [r for r in read_logs(run) if r["role"] == "trainer"]
     assert all(r["status"] == "completed" and r["minibatches"].size == trainers[0]["minibatches"].size for r in trainers)
