@@ -82,10 +82,12 @@ def parse_action(text: str, limits: ActionLimits) -> Decision:
     one. A budget beyond 100% or a window beyond the limit parses: validating it is the service's
     ("out_of_range")."""
     d = json.loads(text)
+    if not isinstance(d, dict):
+        raise ValueError(f"not a JSON object: {text[:200]!r}")
     keys = {"refill_percent", "window", "hitrate", "comm", "why"} if limits.window else {"refill_percent", "hitrate",
                                                                                         "comm", "why"}
     why, percent, window = d.get("why", ""), d.get("refill_percent"), d.get("window", limits.window)
-    if (not isinstance(d, dict) or set(d) - keys or not isinstance(percent, int) or not isinstance(window, int)
+    if (set(d) - keys or not isinstance(percent, int) or not isinstance(window, int)
             or isinstance(percent, bool) or d["hitrate"] not in DIRECTIONS or d["comm"] not in DIRECTIONS
             or not isinstance(why, str) or len(why) > REASON_CHARS):
         raise ValueError(f"unexpected values in {text[:200]!r}")
