@@ -8,7 +8,8 @@ the rows fetched must match) and differ only by the agent's presence: its messag
 tests for answers, and whatever its model takes from the trainers' cores. Target: llm / replay
 <= 1.03. Epoch time = slowest trainer, median over epochs (rudder.analyze).
 
-    python bench/agent.py [--parts 2] [--epochs 6] [--batch-size 256] [--decisions 6]
+    python bench/agent.py [--parts 2] [--epochs 6] [--batch-size 256] [--decisions 6] [--agent-action structured]
+    python bench/agent.py --latency-only [--decisions 12]   (paper vs structured answers, side by side)
 """
 from __future__ import annotations
 
@@ -45,10 +46,10 @@ def pair(parts: str, out: str, n: int, policy: str, flags: list[str]) -> dict:
             "rows": a["traffic"]["remote_rows_fetched_per_epoch"]}
 
 
-def latency(model: str, threads: int, decisions: int) -> tuple[float, float]:
+def latency(model: str, threads: int, decisions: int, action: str = "paper") -> tuple[float, float]:
     """Mean decision seconds after the first (warm) one, and the share of fallbacks."""
     llm = LLM(TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "llm", "llm_model": model,
-                                     "llm_threads": threads}).check())
+                                     "llm_threads": threads, "agent_action": action}).check())
     rng, times, fallbacks = np.random.default_rng(0), [], 0
     try:
         for i in range(decisions):
@@ -69,13 +70,23 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--decisions", type=int, default=6, help="decisions per latency measurement")
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "bench-agent"))
+    ap.add_argument("--agent-action", default="paper", choices=("paper", "structured"))
+    ap.add_argument("--latency-only", action="store_true", help="only the default model's latency, paper vs structured")
     a = ap.parse_args()
+    if a.latency_only:
+        print(f"decision latency, SmolLM2-135M-Instruct, 1 thread, {a.decisions} decisions (first one warm), "
+              f"measured one after the other")
+        for action in ("paper", "structured"):
+            mean, fb = latency(default_model(), 1, a.decisions, action)
+            print(f"{action:10} mean {mean:6.2f} s, fallbacks {fb:.2f}", flush=True)
+        return 0
     if os.path.isfile(os.path.join(FACEBOOK, "facebook_edges.csv")):
         name, spec = "facebook", f"musae:{FACEBOOK}:facebook"
     else:
         name, spec = "cora", f"planetoid:{os.path.join(REPO, 'data', 'cora')}:cora"
     parts = cached_partition(spec, a.parts, os.path.join(a.out, f"{name}-{a.parts}"))
-    flags = ["--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--agent-window", "1"]
+    flags = ["--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--agent-window", "1",
+             "--agent-action", a.agent_action]
     print(f"{name}, {a.parts} trainers + 1 agent (its own core), batch {a.batch_size}, {a.epochs} epochs; "
           f"{os.cpu_count()} cores")
     print(f"{'policy':10} {'epoch s':>8} {'replay s':>8} {'ratio':>6} {'decisions':>9} {'latency s':>9} {'rows/epoch':>10}")

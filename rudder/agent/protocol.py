@@ -15,6 +15,12 @@ back, and the trainer's side of the exchange (``DecisionLink``).
   is applied on minibatch c + L exactly, the trainer waiting for it if it is late (and no request
   is sent whose answer would come after the run's end): runs then do not depend on how fast the
   agent is (the simulator's model of an agent);
+* an answer carries an action (``rudder.agent.action``); the trainer applies it only if it is
+  fresh and valid (``accept``): one that arrives more than ``stale_after`` minibatches after its
+  request (``--agent-stale-after``) was decided on metrics of another interval and is dropped
+  ("stale"), one outside the trainer's limits is refused ("out_of_range", "invalid_action"); the
+  minibatches between request and arrival and the reason are logged (minibatches table) and
+  reported back with the next request (the agent's outcomes table);
 * CHECKPOINT tells the agent its trainer checkpoints after a minibatch; BYE ends a trainer.
 
 ``rudder.agent.link.AgentLink`` carries this over MPI; the simulator answers in-process.
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rudder.agent.action import Action, ActionLimits
 from rudder.logs.schema import FALLBACKS
 
 TAG_TO_AGENT, TAG_TO_TRAINER, TAG_BYE, TAG_READY = 71, 72, 73, 74  # BYE has a tag of its own: the agent probes for it alone
@@ -33,18 +40,26 @@ KEEP, EVICT = 0, 1
 IMPACTS = ("stagnant", "increase", "decrease")
 # Per-minibatch metrics a trainer reports, averaged over its window: hit rate (cumulative integer
 # %-hits), communication volume (misses + refills: rudder.logs.metrics), eviction candidates,
-# refetched (misses the last replacement had evicted).
-WINDOW_METRICS = ("hitrate", "comm_volume", "candidates", "refetched")
+# refetched (misses the last replacement had evicted); what the cause of a slow step is measured
+# by: feature bytes read by RMA and the seconds reading them, the seconds the training thread
+# waited for its inputs and its steps' seconds (both as measured since the previous minibatch's
+# entry: the training thread measures them), and free buffer slots.
+WINDOW_METRICS = ("hitrate", "comm_volume", "candidates", "refetched", "bytes_rma", "fetch_seconds", "wait_seconds",
+                  "step_seconds", "headroom")
 # REQUEST payload (float64): kind, request id, minibatch counter, epoch, step, remaining minibatches,
-# the window means, then the previous decision's outcome: its request id, minibatch applied
-# (-1 none), rows evicted, eviction candidates at that minibatch.
-REQUEST_FIELDS = ("kind", "request", "counter", "epoch", "step", "remaining", *WINDOW_METRICS,
-                  "prev_request", "prev_applied", "prev_evicted", "prev_candidates")
+# the window means, the cost of the trainer's latest refill (rows, and the seconds of its request
+# attributed to them by row count), then the previous decision's outcome: its request id,
+# minibatch applied (-1 none), rows evicted, eviction candidates at that minibatch, minibatches
+# between request and arrival, and the trainer's fallback code (0: applied).
+REQUEST_FIELDS = ("kind", "request", "counter", "epoch", "step", "remaining", *WINDOW_METRICS, "refill_rows",
+                  "refill_seconds", "prev_request", "prev_applied", "prev_evicted", "prev_candidates", "prev_age",
+                  "prev_fallback")
+REPORT_FIELDS = REQUEST_FIELDS[-6:]
 HELLO_FIELDS = ("kind", "world_rank", "num_nodes", "num_edges", "partition", "num_parts", "batch_size",
-                "total_minibatches", "halo", "capacity")
-# DECISION payload: request id, decision (KEEP/EVICT), predicted hit-rate and comm impact (IMPACTS index),
-# latency seconds, fallback code (rudder.logs.schema.FALLBACKS; 0: the decider's own answer)
-DECISION_FIELDS = ("request", "decision", "hitrate_impact", "comm_impact", "latency", "fallback")
+                "total_minibatches", "halo", "capacity", "max_refill", "max_window")
+# DECISION payload: request id, the action (decision KEEP/EVICT, refill budget, window), predicted
+# hit-rate and comm impact (IMPACTS index), latency seconds, fallback code (FALLBACKS; 0: the decider's own)
+DECISION_FIELDS = ("request", "decision", "refill", "window", "hitrate_impact", "comm_impact", "latency", "fallback")
 MESSAGE_SIZE = max(len(REQUEST_FIELDS), len(HELLO_FIELDS))
 
 
@@ -58,6 +73,10 @@ class Decision:
     prompt: str = ""
     fallback: str = "none"  # why the fallback was used (rudder.logs.schema.FALLBACKS); "none": it was not
     fallback_reason: str = ""  # the same, in words
+    action: Action | None = None  # a structured answer; None: the paper's evict/keep (``Action.paper``)
+
+    def resolved(self, limits: ActionLimits) -> Action:
+        return self.action if self.action is not None else Action.paper(self.decision == EVICT, limits)
 
     def fell_back(self, code: str, reason: str) -> Decision:
         assert code in FALLBACKS and code != "none", code
@@ -66,18 +85,43 @@ class Decision:
 
 
 def trainer_facts(meta, world_rank: int, partition: int, batch_size: int, total_minibatches: int, halo: int,
-                  capacity: int) -> dict:
+                  capacity: int, limits: ActionLimits | None = None) -> dict:
     """What the agent (and a classifier's features) know of a trainer, fixed for the run
-    (``HELLO_FIELDS``); the trainer and the simulator build it alike."""
+    (``HELLO_FIELDS``; ``limits``: its actions' bounds); the trainer and the simulator build it alike."""
+    limits = limits or ActionLimits(capacity, 0)
     return {"world_rank": world_rank, "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "partition": partition,
             "num_parts": meta.num_parts, "batch_size": batch_size, "total_minibatches": total_minibatches, "halo": halo,
-            "capacity": capacity}
+            "capacity": capacity, "max_refill": limits.refill, "max_window": limits.window}
+
+
+def accept(answer: np.ndarray, age: int, limits: ActionLimits, stale_after: int) -> tuple[Action, str]:
+    """The action of an answer (``DECISION_FIELDS``) that arrived ``age`` minibatches after its
+    request, and "none" if it is to be applied, else why not (then the action is "keep")."""
+    action = Action.from_payload(answer[1:4])
+    code = "stale" if stale_after and age > stale_after else action.validate(limits)
+    return (action, code) if code == "none" else (Action.paper(False, limits), code)
 
 
 def window_means(window: list[dict]) -> dict:
     """The metrics a request carries: each of ``WINDOW_METRICS`` averaged over the window (the
     agent's requests and a classifier's collection rows use this one function)."""
     return {k: float(np.mean([m[k] for m in window])) for k in WINDOW_METRICS}
+
+
+def conditions(latest: dict) -> dict:
+    """What a window's means say of the cause of slow steps: the achieved RMA fetch bandwidth
+    (feature bytes per second of reading them; 0 when nothing was read), the share of step time
+    the training thread waited for its inputs, and the free buffer slots."""
+    fetch, step = latest["fetch_seconds"], latest["step_seconds"]
+    return {"bandwidth": latest["bytes_rma"] / fetch if fetch > 0 else 0.0,
+            "wait_share": min(1.0, latest["wait_seconds"] / step) if step > 0 else 0.0, "headroom": latest["headroom"]}
+
+
+def check_observation(latest: dict) -> str:
+    """"none" if a request's numbers are finite and not negative, else "invalid_observation"
+    (a decider never decides on garbage)."""
+    ok = all(np.isfinite(v) and v >= 0 for k, v in latest.items() if k not in ("epoch", "step"))
+    return "none" if ok else "invalid_observation"
 
 
 class DecisionLink:
@@ -87,8 +131,9 @@ class DecisionLink:
 
     def __init__(self, window: int, latency: int = 0):
         self.window, self.latency, self.metrics = window, latency, []
-        self.next_id, self.outstanding, self.due = 0, None, 0
-        self.report = [-1.0, -1.0, 0.0, 0.0]  # the previous decision's outcome
+        self.next_id, self.outstanding, self.due, self.requested_at = 0, None, 0, -1
+        self.report = [-1.0, -1.0, 0.0, 0.0, 0.0, 0.0]  # the previous decision's outcome (REPORT_FIELDS)
+        self.refill_cost = [0.0, 0.0]  # rows and seconds of the latest refill
 
     def _post(self, request: dict) -> None:
         raise NotImplementedError
@@ -129,23 +174,32 @@ class DecisionLink:
             return False
         request = {"kind": REQUEST, "request": self.next_id, "counter": counter, "epoch": epoch, "step": step,
                    "remaining": remaining, **window_means(self.metrics[-self.window:]),
-                   **dict(zip(REQUEST_FIELDS[-4:], self.report))}
+                   **dict(zip(("refill_rows", "refill_seconds"), self.refill_cost)), **dict(zip(REPORT_FIELDS, self.report))}
         self._post(request)
-        self.outstanding, self.due = request["request"], self.latency
+        self.outstanding, self.due, self.requested_at = request["request"], self.latency, counter
         self.next_id += 1
         self.metrics.clear()
         return True
 
-    def record_outcome(self, request: int, applied: int, evicted: int, candidates: int) -> None:
-        self.report = [float(request), float(applied), float(evicted), float(candidates)]
+    def record_outcome(self, request: int, applied: int, evicted: int, candidates: int, age: int = 0,
+                       fallback: str = "none") -> None:
+        """How the answer to ``request`` played out (``applied``: the minibatch it arrived on)."""
+        self.report = [float(request), float(applied), float(evicted), float(candidates), float(age),
+                       float(FALLBACKS.index(fallback))]
+
+    def record_refill(self, rows: int, seconds: float) -> None:
+        self.refill_cost = [float(rows), float(seconds)]
 
     def state_dict(self) -> dict:
         """The request numbering and the metrics window; a decision still outstanding is lost
         with an interrupted job (the resumed trainer asks afresh)."""
-        return {"next_id": self.next_id, "report": list(self.report), "metrics": list(self.metrics)}
+        return {"next_id": self.next_id, "report": list(self.report), "metrics": list(self.metrics),
+                "refill_cost": list(self.refill_cost)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.next_id, self.report, self.metrics = state["next_id"], state["report"], state["metrics"]
+        self.next_id, self.metrics = state["next_id"], state["metrics"]
+        self.report = list(state["report"]) + [0.0] * (len(REPORT_FIELDS) - len(state["report"]))  # older checkpoints
+        self.refill_cost = state.get("refill_cost", [0.0, 0.0])
 
     def checkpoint(self, counter: int) -> None:
         pass

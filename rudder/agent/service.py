@@ -7,8 +7,9 @@ import time
 
 import numpy as np
 
+from rudder.agent.action import ActionLimits
 from rudder.agent.deciders import Decider, TrainerContext
-from rudder.agent.protocol import EVICT, IMPACTS, KEEP, WINDOW_METRICS, Decision
+from rudder.agent.protocol import EVICT, IMPACTS, KEEP, WINDOW_METRICS, Decision, check_observation, conditions
 from rudder.logs.schema import FALLBACKS
 
 
@@ -30,41 +31,57 @@ class DecisionService:
         """The decision on request ``req`` (``REQUEST_FIELDS``) as a ``DECISION_FIELDS`` payload."""
         ctx = self.contexts[trainer]
         self.reflect(ctx, req)
-        ctx.latest = {k: req[k] for k in ("counter", "epoch", "step", "remaining", *WINDOW_METRICS)}
+        ctx.latest = {k: req[k] for k in ("counter", "epoch", "step", "remaining", *WINDOW_METRICS, "refill_rows",
+                                          "refill_seconds")}
+        ctx.latest.update(conditions(ctx.latest))
+        limits = ActionLimits.of(ctx.facts)
         start = time.perf_counter()
         if self.delay:  # --agent-delay: a deliberately slow decision maker (experiments, tests)
             time.sleep(self.delay)
         try:
             if ctx.abandoned():  # finished while its request waited behind others': do not spend a decision on it
                 d = Decision(KEEP).fell_back("trainer_finished", "the trainer finished before the decision started")
+            elif check_observation(ctx.latest) != "none":
+                bad = {k: v for k, v in ctx.latest.items() if not (np.isfinite(v) and v >= 0)}
+                d = Decision(KEEP).fell_back("invalid_observation", f"not finite or negative: {bad}")
             else:
                 d = self.decider.decide(ctx)
+            action = d.resolved(limits)
+            code = action.validate(limits)
+            if code != "none":  # the decider's answer is not an action this trainer can take
+                d = Decision(KEEP, raw=d.raw, prompt=d.prompt).fell_back(code, f"{action} outside {limits}")
         except Exception as e:  # a decision maker's failure must never stop training
             d = Decision(KEEP).fell_back("error", f"{type(e).__name__}: {e}")
+        action = d.resolved(limits)
         latency = time.perf_counter() - start
-        ctx.pending = {"request": int(req["request"]), "decision": d.decision, "hitrate": req["hitrate"],
-                       "comm_volume": req["comm_volume"]}
+        ctx.pending = {"request": int(req["request"]), "decision": int(action.evict), "hitrate": req["hitrate"],
+                       "comm_volume": req["comm_volume"], "counter": int(req["counter"])}
         self.decisions += 1
         code = FALLBACKS.index(d.fallback)
         self.log.append("decisions", {
             "trainer": int(ctx.facts["world_rank"]), "request": int(req["request"]), "minibatch": int(req["counter"]),
             "epoch": int(req["epoch"]), "remaining": int(req["remaining"]), "hitrate": req["hitrate"],
-            "comm_volume": req["comm_volume"], "decision": d.decision, "hitrate_impact": IMPACTS.index(d.hitrate_impact),
+            "comm_volume": req["comm_volume"], **{k: ctx.latest[k] for k in ("bandwidth", "wait_share", "headroom")},
+            "decision": int(action.evict), **action.row(), "hitrate_impact": IMPACTS.index(d.hitrate_impact),
             "comm_impact": IMPACTS.index(d.comm_impact), "latency": latency, "fallback": int(code != 0),
             "fallback_code": code})
         for name, text in (("prompt", d.prompt), ("answer", d.raw or d.explanation), ("fallback_reason", d.fallback_reason)):
             self.log.append_ragged(name, np.frombuffer(text.encode(), dtype=np.uint8))
-        return np.array([req["request"], d.decision, IMPACTS.index(d.hitrate_impact), IMPACTS.index(d.comm_impact),
-                         latency, float(code)])
+        return np.array([req["request"], *action.payload(), IMPACTS.index(d.hitrate_impact),
+                         IMPACTS.index(d.comm_impact), latency, float(code)])
 
     def reflect(self, ctx: TrainerContext, req: dict) -> None:
         """Turn the pending decision into a history record with before/after deltas (spec 2.4)."""
         p = ctx.pending
         if p is None:
             return
-        applied = int(req["prev_request"]) == p["request"] and req["prev_applied"] >= 0
+        arrived = int(req["prev_request"]) == p["request"] and req["prev_applied"] >= 0
+        refused = FALLBACKS[int(req["prev_fallback"])] if arrived else "none"
+        applied = arrived and refused == "none"
         evicted = int(req["prev_evicted"]) if applied else 0
-        if p["decision"] == EVICT:
+        if arrived and not applied:
+            status = "not_applied"
+        elif p["decision"] == EVICT:
             status = "triggered" if evicted else "skipped"
             ctx.last_evicted = evicted or ctx.last_evicted
         else:
@@ -72,10 +89,11 @@ class DecisionService:
         ctx.history.append({"status": status, "evicted": evicted, "hitrate_delta": req["hitrate"] - p["hitrate"],
                             "comm_delta": req["comm_volume"] - p["comm_volume"],
                             "before": {"hitrate": p["hitrate"], "comm_volume": p["comm_volume"]}})
-        if applied:
+        if arrived:
             self.log.append("outcomes", {"trainer": int(ctx.facts["world_rank"]), "request": p["request"],
                                          "applied_minibatch": int(req["prev_applied"]), "evicted": evicted,
-                                         "candidates": int(req["prev_candidates"])})
+                                         "candidates": int(req["prev_candidates"]), "age": int(req["prev_age"]),
+                                         "action_fallback": FALLBACKS.index(refused)})
         ctx.pending = None
 
     def saved_contexts(self) -> dict:

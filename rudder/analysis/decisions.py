@@ -1,7 +1,8 @@
 """The agents' decisions in a run (spec 2.9): counts, fallbacks by reason, latency, the gap from
-a request to the minibatch that applied it, and Pass@1: whether each predicted direction of hit
-rate (and communication volume) matches the sign of its change by the trainer's next decision,
-with the evaluation scripts' 95% binomial interval."""
+a request to the minibatch its answer arrived on (mean, p50, p95), the answers not applied
+there (stale, or refused by the trainer), the mean refill budget of the replacements, and
+Pass@1: whether each predicted direction of hit rate (and communication volume) matches the sign
+of its change by the trainer's next decision, with the evaluation scripts' 95% binomial interval."""
 from __future__ import annotations
 
 import math
@@ -43,6 +44,7 @@ def decision_quality(run: Run) -> dict:
     requested = {(int(t), int(r)): int(m) for t, r, m in zip(d["trainer"], d["request"], d["minibatch"])}
     gaps = [int(a) - requested[(int(t), int(r))] for t, r, a in zip(o["trainer"], o["request"], o["applied_minibatch"])
             if (int(t), int(r)) in requested]
+    refused = o["action_fallback"] != 0
     latency = d["latency"].astype(np.float64)
     return {"decider": run.agents[0].run.get("decider", "?"), "count": int(d.size),
             "evict": int((d["decision"] == 1).sum()), "keep": int((d["decision"] == 0).sum()),
@@ -51,6 +53,11 @@ def decision_quality(run: Run) -> dict:
             "latency_p50": float(np.percentile(latency, 50)) if d.size else None,
             "latency_p95": float(np.percentile(latency, 95)) if d.size else None,
             "gap_mean": float(np.mean(gaps)) if gaps else None,
+            "gap_p50": float(np.percentile(gaps, 50)) if gaps else None,
+            "gap_p95": float(np.percentile(gaps, 95)) if gaps else None,
+            "stale": int((o["action_fallback"] == FALLBACKS.index("stale")).sum()),
+            "not_applied": int(refused.sum()),
+            "refill_mean": float(d["refill"][d["evict"] == 1].mean()) if (d["evict"] == 1).any() else None,
             "interval_mean": float(np.mean(intervals)) if intervals else None,
             "pass_at_1_hitrate": accuracy(*scores["hitrate"]), "pass_at_1_comm": accuracy(*scores["comm_volume"])}
 

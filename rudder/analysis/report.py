@@ -42,6 +42,11 @@ FIGURES = [  # (label, path into the summary, format[, scale]); text figures get
     ("latency p50 s", ("decisions", "latency_p50"), "{:.4f}"),
     ("latency p95 s", ("decisions", "latency_p95"), "{:.4f}"),
     ("request-to-apply gap", ("decisions", "gap_mean"), "{:.2f}"),
+    ("gap p50 minibatches", ("decisions", "gap_p50"), "{:.1f}"),
+    ("gap p95 minibatches", ("decisions", "gap_p95"), "{:.1f}"),
+    ("answers not applied", ("decisions", "not_applied"), "{} "),
+    ("stale answers", ("decisions", "stale"), "{} "),
+    ("mean refill budget", ("decisions", "refill_mean"), "{:.1f}"),
     ("Pass@1 hit rate", ("decisions", "pass_at_1_hitrate", "value"), "{:.3f}"),
     ("Pass@1 comm", ("decisions", "pass_at_1_comm", "value"), "{:.3f}"),
 ]
@@ -96,7 +101,8 @@ SCHEMA = {
     "bound": ({"achieved_rows": int, "min_rows": int, "infinite_rows": int, "achieved_over_min": (float, None)}, None),
     "decisions": ({"decider": str, "count": int, "evict": int, "keep": int, "fallback_rate": float,
                    "latency_mean": (float, None), "latency_p50": (float, None), "latency_p95": (float, None),
-                   "gap_mean": (float, None), "interval_mean": (float, None),
+                   "gap_mean": (float, None), "gap_p50": (float, None), "gap_p95": (float, None), "stale": int,
+                   "not_applied": int, "refill_mean": (float, None), "interval_mean": (float, None),
                    "pass_at_1_hitrate": {"value": (float, None), "ci95": (float, None), "n": int},
                    "pass_at_1_comm": {"value": (float, None), "ci95": (float, None), "n": int}}, None),
 }

@@ -49,6 +49,11 @@ MINIBATCH_ROW = table(
     ("replaced", "i1", "1 if the policy asked for a replacement on this minibatch"),
     ("asked_by", "i1", "who asked (rudder.prefetch.policies.ASKERS)"),
     ("occupancy", "i8", "slots holding a real row after this minibatch"),
+    ("refill_budget", "i8", "most rows the replacement asked for here could take (-1: no bound, the paper's)"),
+    ("lookahead_window", "i4", "minibatches ahead the buffer ranked by (a lookahead buffer's window; else 0)"),
+    ("decision_request", "i4", "the agent decision that arrived on this minibatch: its request number (-1: none)"),
+    ("decision_age", "i4", "minibatches between that decision's request and this minibatch (-1: none)"),
+    ("action_fallback", "i1", "0 if that decision was applied, else why not (FALLBACKS: stale, out_of_range, ...)"),
     ("comm_volume", "i8", "the paper's communication volume: misses + refills"),
     ("hit_percent", "i2", "cumulative integer %-hits, as the paper reports it"),
     ("hit_ratio", "f8", "cumulative hits over cacheable lookups"),
@@ -59,6 +64,8 @@ MINIBATCH_ROW = table(
     ("t_lookup", "f8", "seconds of the buffer lookup and the policy's decision"),
     ("t_replace", "f8", "seconds of the buffer's bookkeeping, replacement and settling"),
     ("t_rma", "f8", "seconds inside RMA Get..Flush (sampling's CSR reads and feature rows)"),
+    ("t_rma_features", "f8", "seconds of t_rma reading feature rows (misses and refills; what the fetch bandwidth "
+     "an agent sees divides bytes_rma by)"),
     ("t_wait", "f8", "seconds the training thread waited for this minibatch's inputs"),
     ("t_forward_backward", "f8", "seconds of forward and backward"),
     ("t_allreduce", "f8", "seconds in the gradient Allreduce"),
@@ -89,7 +96,18 @@ EPOCH_TIMERS = ("t_sample", "t_fetch", "t_copy", "t_rma", "t_wait", "t_forward_b
                 "t_update")
 
 # Why a decision fell back to the configured default, as the ``fallback_code`` column records it.
-FALLBACKS = ("none", "error", "invalid_answer", "timeout", "trainer_finished", "unavailable")
+# "invalid_action"/"out_of_range": the action failed ``rudder.agent.action.Action.validate``;
+# "invalid_observation": the window a request carried was not finite and in range; "stale": the
+# answer came more than --agent-stale-after minibatches after its request (not applied).
+FALLBACKS = ("none", "error", "invalid_answer", "timeout", "trainer_finished", "unavailable", "invalid_action",
+             "out_of_range", "invalid_observation", "stale")
+# The structured action's fields (rudder.agent.action.Action), as logged beside the paper's decision.
+ACTION_COLUMNS = (
+    ("evict", "i1", "1: replace now (the paper's action)"),
+    ("refill", "i8", "most rows the replacement may take (0..capacity; capacity: the paper's, unbounded)"),
+    ("window", "i4", "lookahead window for the next interval (0..--lookahead; 0 where the buffer does not look ahead)"),
+)
+ACTION_FIELDS = tuple(c for c, _, _ in ACTION_COLUMNS)
 DECISION_ROW = table(
     "decisions",
     ("trainer", "i4", "the trainer's world rank"),
@@ -99,7 +117,11 @@ DECISION_ROW = table(
     ("remaining", "i8", "minibatches the trainer had left after it"),
     ("hitrate", "f4", "the window's mean cumulative %-hits"),
     ("comm_volume", "f4", "the window's mean communication volume per minibatch"),
+    ("bandwidth", "f8", "the window's achieved RMA fetch bandwidth, bytes per second of feature reads (0: none read)"),
+    ("wait_share", "f4", "the window's share of step time the training thread waited for its inputs"),
+    ("headroom", "f8", "the window's mean free buffer slots (capacity - occupancy)"),
     ("decision", "i1", "0 keep, 1 evict (rudder.agent.protocol)"),
+    *ACTION_COLUMNS,
     ("hitrate_impact", "i1", "predicted hit-rate direction: 0 stagnant, 1 increase, 2 decrease"),
     ("comm_impact", "i1", "predicted communication direction, likewise"),
     ("latency", "f8", "seconds the decision took on the agent"),
@@ -113,6 +135,8 @@ OUTCOME_ROW = table(
     ("applied_minibatch", "i8", "the minibatch that applied it"),
     ("evicted", "i8", "rows its replacement evicted"),
     ("candidates", "i8", "eviction candidates on that minibatch"),
+    ("age", "i8", "minibatches between the request and the minibatch its answer arrived on"),
+    ("action_fallback", "i1", "0 applied, else why the trainer did not apply it (FALLBACKS; e.g. stale)"),
 )
 
 # The classifier baselines' training rows (collection mode): the features as the agent would see
@@ -162,6 +186,9 @@ def upgrade(table: np.ndarray, dtype: np.dtype) -> np.ndarray:
     for name in dtype.names:
         if name in table.dtype.names:
             out[name] = table[name]
+    for name in ("refill_budget", "decision_request", "decision_age"):  # older logs: no bound, no decision recorded
+        if name in dtype.names and name not in table.dtype.names:
+            out[name] = -1
     if "fallback_code" in dtype.names and "fallback_code" not in table.dtype.names and "fallback" in table.dtype.names:
         out["fallback_code"] = np.where(table["fallback"] != 0, FALLBACKS.index("error"), 0)
     return out

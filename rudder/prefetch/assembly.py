@@ -47,6 +47,9 @@ class AssemblyStats:
     t_lookup: float = 0.0  # lookup and the policy's decision
     t_replace: float = 0.0  # the buffer's bookkeeping, replacement and settling
     t_gather: float = 0.0  # the store's read and the hits' copy
+    refill_budget: int = -1  # most slots the replacement could take (-1: no bound, or none asked for)
+    lookahead_window: int = 0  # minibatches ahead the buffer ranked by
+    decision: tuple[int, int, int] = (-1, -1, 0)  # an agent decision that arrived here: request, age, fallback code
 
     @property
     def comm_volume(self) -> int:
@@ -121,8 +124,9 @@ class CachedFeatures:
                                  metrics.paper_hit_percent(self.hit_total + hits, self.miss_total + look.misses),
                                  look.refetched)
             asked = bool(self.policy.wants_replacement(view))
+            budget = self.policy.refill_budget() if asked else None
             t1 = time.perf_counter()
-            rep = buf.replace(look, asked, pending=shared)
+            rep = buf.replace(look, asked, pending=shared, budget=budget)
             refill_ids = rep.inserted if rep is not None else np.zeros(0, dtype=np.int64)
             # a row per input node, and past them room for the refills that are not inputs
             rows = np.empty((nodes.size + refill_ids.size, self.store.dim), dtype=np.float32)
@@ -142,16 +146,20 @@ class CachedFeatures:
         if not shared:  # before settling changes any slot
             take_rows(buf.features, look.slots, x, np.flatnonzero(look.hit))
         t3 = time.perf_counter()
+        window = min(len(future), self.policy.lookahead_now())  # the policy's window for this minibatch
         with (self.lock() if rep is not None else contextlib.nullcontext()):
-            entered = buf.settle(look, rep, refill_rows, x, list(future))
+            entered = buf.settle(look, rep, refill_rows, x, list(future)[:window])
         refills = int(rep.slots.size) if rep is not None else 0
+        view.rows_rma, view.bytes_rma, view.fetch_seconds = fetch.rows_remote, fetch.bytes_remote, fetch.seconds_remote
+        view.headroom = buf.capacity - buf.occupancy
         self.policy.observe(view, refills)
         self.counter += 1
         self.hit_total += hits
         self.miss_total += look.misses
         return x, AssemblyStats(fetch, hits, look.misses, refills, entered, look.candidates, look.refetched, asked,
                                 ASKERS[self.policy.asker] if asked else 0, buf.occupancy, self.hit_total,
-                                self.miss_total, t1 - t0, t2 - t1 + time.perf_counter() - t3, t3 - t2)
+                                self.miss_total, t1 - t0, t2 - t1 + time.perf_counter() - t3, t3 - t2,
+                                -1 if budget is None else int(budget), window, self.policy.arrived_decision())
 
     def _request(self, nodes: np.ndarray, miss_at: np.ndarray, refill_ids: np.ndarray):
         """(IDs to read, the output row each goes to, the output row of each refill) for the

@@ -4,9 +4,9 @@
    slot), how many cacheable inputs missed, and what a policy may weigh (replacement candidates,
    misses a replacement had evicted);
 2. the policy decides from that (``rudder.prefetch.policies``);
-3. ``replace(lookup, asked)``: the buffer's own bookkeeping for the minibatch, and the
-   replacement if the policy asked for one: which slots take which nodes (their rows are fetched
-   together with the misses, in one request);
+3. ``replace(lookup, asked, budget=...)``: the buffer's own bookkeeping for the minibatch, and the
+   replacement if the policy asked for one, of at most ``budget`` slots: which slots take which
+   nodes (their rows are fetched together with the misses, in one request);
 4. ``settle(lookup, replacement, refill_rows, x, future)`` once the rows have arrived: refills
    put in place, or (a demand-filled buffer) missed rows admitted.
 
@@ -88,9 +88,10 @@ class PrefetchBuffer:
     def lookup(self, nodes: np.ndarray) -> Lookup:
         raise NotImplementedError
 
-    def replace(self, lookup: Lookup, asked: bool, pending: bool = False) -> Replacement | None:
+    def replace(self, lookup: Lookup, asked: bool, pending: bool = False, budget: int | None = None) -> Replacement | None:
         """After the policy's verdict on this minibatch (``asked``); ``pending``: refilled slots stay
-        unmatchable until ``settle`` (a buffer other trainers read meanwhile)."""
+        unmatchable until ``settle`` (a buffer other trainers read meanwhile); ``budget``: the most
+        slots the replacement may take (None: no bound)."""
         return None
 
     def settle(self, lookup: Lookup, replacement: Replacement | None, refill_rows: np.ndarray | None, x: np.ndarray,

@@ -7,6 +7,7 @@ its buffer (``buffer_class``) does the how. A policy is one class and one ``@reg
     heuristic  ask the node's agent rank, which applies the paper's prompt rules (rudder.agent)
     classifier ask the node's agent rank, where a model trained offline decides
     llm        ask the node's agent rank, where a small LLM decides in context
+    tuner      ask the node's agent rank, where an online bandit tries actions and keeps what waits least
     lookahead  sample --lookahead W minibatches ahead and keep, of the buffer and this minibatch's
                fetched rows, those needed soonest within the window (Belady inside the window;
                the clairvoyant design point of RapidGNN/Ginex)
@@ -19,15 +20,17 @@ and a way to open the agent link), never the trainer: the simulator builds the s
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from rudder.agent.action import ActionLimits
 from rudder.agent.deciders import DECIDERS
-from rudder.agent.protocol import EVICT, DecisionLink
+from rudder.agent.protocol import DecisionLink, accept
 from rudder.logs.reader import LogError, trainer_table
-from rudder.logs.schema import CLASSIFIER_TRACE_ROW
+from rudder.logs.schema import CLASSIFIER_TRACE_ROW, FALLBACKS
 from rudder.prefetch.buffers import PrefetchBuffer
 from rudder.prefetch.observation import MinibatchView, window_metrics
 from rudder.prefetch.scored_buffer import ScoredBuffer
@@ -76,8 +79,31 @@ class Policy:
     def wants_replacement(self, view: MinibatchView) -> bool:
         return False
 
+    def refill_budget(self) -> int | None:
+        """The most slots the replacement just asked for may take (None: no bound)."""
+        return None
+
+    def lookahead_now(self) -> int:
+        """Minibatches ahead a lookahead buffer ranks by on this minibatch (at most ``lookahead``)."""
+        return self.lookahead
+
+    def action_limits(self, buffer: PrefetchBuffer | None) -> ActionLimits:
+        """The bounds of an agent's action on ``buffer``: it refills up to its capacity if it is a
+        scored buffer, looks ahead up to ``lookahead`` if it is a window buffer."""
+        return ActionLimits(buffer.capacity if isinstance(buffer, ScoredBuffer) else 0,
+                            self.lookahead if isinstance(buffer, WindowBuffer) else 0)
+
+    def arrived_decision(self) -> tuple[int, int, int]:
+        """(request, minibatches since it, fallback code) of an agent decision that arrived on this
+        minibatch; (-1, -1, 0): none did."""
+        return (-1, -1, 0)
+
     def observe(self, view: MinibatchView, refills: int) -> None:
         """After the minibatch was served (``refills``: rows a replacement brought in)."""
+
+    def observe_step(self, waited: float, seconds: float) -> None:
+        """From the training thread, after each step: the seconds it waited for the minibatch's
+        inputs and the step's seconds (while the pipeline thread prepares later minibatches)."""
 
     def state_dict(self) -> dict:
         """What a checkpoint must keep of this policy (taken between two minibatches)."""
@@ -130,9 +156,22 @@ class Fixed(Policy):
             self.collector.load_state_dict(state)
 
 
+def use_agent_buffer(policy: Policy, cfg) -> None:
+    """An agent policy's buffer (``--agent-buffer``): the scored one, or the lookahead window buffer."""
+    if cfg.agent.buffer == "window":
+        policy.buffer_class, policy.lookahead = WindowBuffer, cfg.buffer.lookahead
+
+
 @register("replay")
 class Replay(Policy):
+    """The replacements of an earlier run at the same minibatches, with their refill budgets and
+    windows (and its agent's buffer, ``--agent-buffer``, when it had one)."""
     asker = "replay"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        use_agent_buffer(self, cfg)
+        self.counter = 0
 
     @classmethod
     def check_inputs(cls, cfg, is_agent: bool) -> None:
@@ -142,10 +181,18 @@ class Replay(Policy):
             raise ValueError(f"--replay {e}") from None
 
     def start(self, ctx: PolicyContext) -> None:
-        self.at = replacement_minibatches(self.cfg.buffer.replay, ctx.trainer_rank, ctx.steps_per_epoch)
+        self.at, self.windows = replacement_minibatches(self.cfg.buffer.replay, ctx.trainer_rank, ctx.steps_per_epoch)
 
     def wants_replacement(self, view: MinibatchView) -> bool:
+        self.counter = view.counter
         return view.counter in self.at
+
+    def refill_budget(self) -> int | None:
+        budget = self.at.get(self.counter, -1)
+        return None if budget < 0 else budget
+
+    def lookahead_now(self) -> int:
+        return int(self.windows[self.counter]) if self.counter < self.windows.size else self.lookahead
 
 
 @register("lookahead")
@@ -158,11 +205,18 @@ class Lookahead(Policy):
 
 
 class AgentPolicy(Policy):
-    """Replace when the node's agent says so (``rudder.agent``): each minibatch, look for its
-    answer (``DecisionLink.poll``), apply an "evict" on this minibatch, and send a fresh window of
-    metrics whenever no decision is outstanding."""
+    """Act when the node's agent says so (``rudder.agent``): each minibatch, look for its answer
+    (``DecisionLink.poll``), apply its action on this minibatch if it is fresh and within this
+    trainer's limits (``rudder.agent.protocol.accept``: a replacement of at most its refill
+    budget, its window from now on), and send a fresh window of metrics whenever no decision is
+    outstanding."""
     asker = "agent"
     needs_agent = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        use_agent_buffer(self, cfg)
+        self.steps: deque = deque()  # (waited, step seconds) from the training thread, not yet in a window entry
 
     @classmethod
     def check_inputs(cls, cfg, is_agent: bool) -> None:
@@ -171,7 +225,9 @@ class AgentPolicy(Policy):
     def start(self, ctx: PolicyContext) -> None:
         self.link = ctx.open_agent_link(self.cfg.agent.window, self.cfg.agent.latency)
         self.steps_per_epoch, self.total = ctx.steps_per_epoch, ctx.facts["total_minibatches"]
-        self.applying = None  # (request id, evict?) of the answer found on this minibatch
+        self.limits = ActionLimits.of(ctx.facts)
+        self.window, self.budget = self.limits.window, None  # the latest applied action's
+        self.applying = None  # (request id, evict?, age, fallback code) of the answer found on this minibatch
 
     def wants_replacement(self, view: MinibatchView) -> bool:
         answer = self.link.poll()
@@ -179,23 +235,47 @@ class AgentPolicy(Policy):
         if answer is None:
             return False
         self.link.drop_stale()  # metrics gathered while the agent thought
-        self.applying = (int(answer[0]), int(answer[1]) == EVICT)
-        return self.applying[1]
+        age = view.counter - self.link.requested_at
+        action, code = accept(answer, age, self.limits, self.cfg.agent.stale_after)
+        self.applying = (int(answer[0]), action.evict, age, code)
+        self.window, self.budget = action.window, action.refill
+        return action.evict
+
+    def refill_budget(self) -> int | None:
+        return self.budget
+
+    def lookahead_now(self) -> int:
+        return self.window
+
+    def arrived_decision(self) -> tuple[int, int, int]:
+        a = self.applying
+        return (-1, -1, 0) if a is None else (a[0], a[2], FALLBACKS.index(a[3]))
+
+    def observe_step(self, waited: float, seconds: float) -> None:
+        self.steps.append((waited, seconds))  # deque.append: safe beside the pipeline thread's popleft
 
     def observe(self, view: MinibatchView, refills: int) -> None:
+        if refills:  # its rows came in the minibatch's one request: their seconds by their share of its RMA rows
+            self.link.record_refill(refills, view.fetch_seconds * refills / max(1, view.rows_rma))
         if self.applying is not None:
-            self.link.record_outcome(self.applying[0], view.counter, refills, view.candidates)
+            self.link.record_outcome(self.applying[0], view.counter, refills, view.candidates, self.applying[2],
+                                     self.applying[3])
             if self.applying[1]:
                 return  # a minibatch that acted on "evict" sends nothing (its stats are stale)
-        self.link.observe(window_metrics(view, refills))
+        waited = stepped = 0.0
+        while self.steps:
+            w, t = self.steps.popleft()
+            waited, stepped = waited + w, stepped + t
+        self.link.observe(window_metrics(view, refills, waited, stepped))
         epoch, step = divmod(view.counter, self.steps_per_epoch)
         self.link.maybe_request(view.counter, epoch, step, self.total - view.counter - 1)
 
     def state_dict(self) -> dict:
-        return self.link.state_dict()
+        return {**self.link.state_dict(), "action_window": self.window}
 
     def load_state_dict(self, state: dict) -> None:
         self.link.load_state_dict(state)
+        self.window = state.get("action_window", self.limits.window)
 
     def on_checkpoint(self, counter: int) -> None:
         self.link.checkpoint(counter)  # the agent saves its contexts too
@@ -219,8 +299,14 @@ class LLMAgent(AgentPolicy):
     pass
 
 
-def replacement_minibatches(run_dir: str, trainer_rank: int, steps_per_epoch: int) -> set[int]:
-    """The minibatch counters at which trainer ``trainer_rank`` of an earlier run replaced."""
+@register("tuner")
+class TunerAgent(AgentPolicy):
+    pass
+
+
+def replacement_minibatches(run_dir: str, trainer_rank: int, steps_per_epoch: int) -> tuple[dict[int, int], np.ndarray]:
+    """The minibatch counters at which trainer ``trainer_rank`` of an earlier run replaced, each
+    with its refill budget (-1: no bound), and the window of every minibatch."""
     try:
         run, mb = trainer_table(run_dir, trainer_rank)
     except LogError as e:
@@ -229,7 +315,9 @@ def replacement_minibatches(run_dir: str, trainer_rank: int, steps_per_epoch: in
         raise ValueError(f"--replay {run_dir}: {run['steps_per_epoch']} steps per epoch there, "
                          f"{steps_per_epoch} here (replay needs the same data, batch size and ranks)")
     replaced = mb[mb["replaced"] == 1]
-    return set((replaced["epoch"].astype(np.int64) * steps_per_epoch + replaced["step"]).tolist())
+    counters = replaced["epoch"].astype(np.int64) * steps_per_epoch + replaced["step"]
+    order = np.argsort(mb["epoch"].astype(np.int64) * steps_per_epoch + mb["step"], kind="stable")
+    return dict(zip(counters.tolist(), replaced["refill_budget"].tolist())), mb["lookahead_window"][order]
 
 
 def make_policy(cfg) -> Policy:

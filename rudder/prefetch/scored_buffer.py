@@ -10,7 +10,8 @@ Every minibatch every score decays by d = 1 - alpha, a hit divides its slot's sc
 (freezing it), and each admissible miss adds 1 to its S_N. On a replacement: eviction
 candidates are the slots with S_E < round(d^delta, 3) compared in float32, in node ID order;
 refills are the admissible nodes with S_N > 0, most missed first (stable); k = min of the two
-counts; evicted nodes get S_N := their S_E, inserted ones S_E := their S_N and S_N := -1. The
+counts (and at most the policy's refill budget: where it binds, the lowest-scored candidates
+go, ties by node ID); evicted nodes get S_N := their S_E, inserted ones S_E := their S_N and S_N := -1. The
 refills are fetched together with the minibatch's misses in one request
 (``rudder.prefetch.assembly``).
 
@@ -145,11 +146,11 @@ class ScoredBuffer(PrefetchBuffer):
         self.miss_count[lookup.miss_index] += 1  # unique: the nodes are
         return lookup.misses
 
-    def replace(self, lookup: Lookup, asked: bool, pending: bool = False) -> Replacement | None:
+    def replace(self, lookup: Lookup, asked: bool, pending: bool = False, budget: int | None = None) -> Replacement | None:
         """The miss counts (corrected or reference order), then the replacement if asked for."""
         if not self.settings.compat or not (asked and lookup.candidates):  # the reference skips it then
             self.count_misses(lookup)
-        return self._replace(pending) if asked else None
+        return self._replace(pending, budget) if asked else None
 
     def eviction_candidates(self) -> np.ndarray:
         """Slots with S_E below the threshold, in node ID order (pending tokens and sentinels
@@ -157,12 +158,15 @@ class ScoredBuffer(PrefetchBuffer):
         cand = np.flatnonzero(self.score < self.threshold)
         return cand[np.argsort(self.ids[cand], kind="stable")]
 
-    def _replace(self, pending: bool) -> Replacement:
+    def _replace(self, pending: bool, budget: int | None = None) -> Replacement:
         cand = self.eviction_candidates()
         counts = self.miss_count
         take = most_missed(counts, cand.size)
         k = take.size
         slots = cand[:k]
+        if budget is not None and budget < k:  # the worst ``budget`` candidates (by score, ties in ID order) go
+            worst = np.argsort(self.score[cand], kind="stable")[:max(budget, 0)]
+            k, slots, take = worst.size, cand[np.sort(worst)], take[:worst.size]
         inserted = self.index.node_of(take)
         evicted = self.ids[slots].copy()
         self.counters[1] -= np.count_nonzero(evicted < self.num_nodes)

@@ -88,11 +88,11 @@ def sample_trainer(graph: Graph, cfg: TrainConfig, part: int, machine: Machine |
     return Sampled(np.array(cols[0]), np.array(cols[1]), list(cols[2]), *(np.array(c) for c in cols[3:]))
 
 
-def facts_of(graph: Graph, cfg: TrainConfig, part: int, capacity: int) -> dict:
-    """What ``Trainer.facts`` holds for this partition's trainer."""
+def facts_of(graph: Graph, cfg: TrainConfig, part: int, capacity: int, limits=None) -> dict:
+    """What ``Trainer.facts`` holds for this partition's trainer (``limits``: its agent actions')."""
     steps, batch = steps_and_batch(cfg, graph)
     return trainer_facts(graph.meta, part, part, batch, steps * cfg.training.epochs, graph.parts[part].halo_nodes.size,
-                         capacity)
+                         capacity, limits)
 
 
 COLUMNS = ("rows_fetched", "rows_rma", "bytes_rma", "hits", "misses", "refills", "candidates", "replaced", "fetch_seconds")
@@ -109,7 +109,7 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
     fill = features.fill()
     capacity = features.buffer.capacity if features.buffer is not None else 0
     service = DecisionService(make_decider(cfg), MemoryLog()) if policy.needs_agent else None
-    facts = facts_of(graph, cfg, part, capacity)
+    facts = facts_of(graph, cfg, part, capacity, policy.action_limits(features.buffer))
     policy.start(PolicyContext(facts, MemoryLog(), part, steps,
                                lambda window, latency: ModelledLink(service, part, facts, window, latency)))
     out = {c: np.zeros(len(sampled.inputs), dtype=np.float64 if c == "fetch_seconds" else np.int64) for c in COLUMNS}

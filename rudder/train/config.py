@@ -86,7 +86,7 @@ class TrainingSection:
 
 @dataclass
 class BufferSection:
-    policy: str = option("none", "buffer policy (docs/policies.md); heuristic, classifier and llm add an agent rank "
+    policy: str = option("none", "buffer policy (docs/policies.md); heuristic, classifier, llm and tuner add an agent rank "
                          "per node: launch one extra rank per node", choices=lambda: POLICIES)
     fraction: float = option(0.25, "buffer rows B = floor(f x halo size) per trainer", name="buffer_fraction",
                              check=(lambda v: 0 <= v <= 1, "a fraction of the halo in [0, 1]"))
@@ -122,6 +122,15 @@ class AgentSection:
     cores: int = option(0, "cores of each node kept for its agent rank; trainers use the rest (0: shared)",
                         name="agent_cores", check=(lambda v: v >= 0, "0 or a number of cores"))
     classifier_model: str = option("", "model file for --policy classifier (from python -m rudder.classifier train)")
+    action: str = option("paper", "what an agent decides: paper (evict or keep, the published system's) or structured "
+                         "(a refill budget, and a lookahead window with --agent-buffer window; docs/policies.md)",
+                         name="agent_action", choices=("paper", "structured"))
+    buffer: str = option("scored", "the agent policies' buffer: scored (MassiveGNN's, refilled when the agent says) or "
+                         "window (the lookahead buffer, its window the agent's)", name="agent_buffer",
+                         choices=("scored", "window"))
+    stale_after: int = option(100, "a decision arriving more than N minibatches after its request is not applied "
+                              "(logged as stale; 0: always applied)", name="agent_stale_after",
+                              check=(lambda v: v >= 0, "0 or a number of minibatches"))
 
 
 @dataclass
@@ -216,6 +225,8 @@ class TrainConfig:
         need(b.sharing == "trainer" or self.data.partition_mode == "node", "--buffer-sharing", b.sharing,
              "trainer, unless --partition-mode node (a node's trainers share one halo only then)")
         buffer_class = POLICIES[b.policy].buffer_class
+        need(b.sharing == "trainer" or a.buffer == "scored", "--buffer-sharing", b.sharing,
+             "trainer with --agent-buffer window (the window buffer cannot be shared)")
         need(b.sharing == "trainer" or buffer_class is None or buffer_class.shareable, "--buffer-sharing", b.sharing,
              f"trainer with --policy {b.policy} (its buffer cannot be shared)")
         need(not self.checkpoint.every or b.sharing == "trainer", "--checkpoint-every", self.checkpoint.every,

@@ -154,7 +154,8 @@ class Trainer:
         capacity = self.features.buffer.capacity if self.features.buffer is not None else 0
         # What the agent (and a classifier's features) know of this trainer, fixed for the run.
         self.facts = trainer_facts(self.meta, layout.world.rank, layout.trainer_rank, self.batch_size,
-                                   self.steps_per_epoch * cfg.training.epochs, part.halo_nodes.size, capacity)
+                                   self.steps_per_epoch * cfg.training.epochs, part.halo_nodes.size, capacity,
+                                   self.policy.action_limits(self.features.buffer))
 
     def _build_log(self) -> None:
         cfg, meta, layout, fill = self.cfg, self.meta, self.layout, self.fill
@@ -240,6 +241,7 @@ class Trainer:
         row = record(MINIBATCH_ROW, self._minibatch_fields(item, remote, waited, loss_sum, totals,
                                                            (t3 - t2, t4 - t3, t5 - t4)))
         self.log.append("minibatches", dict(zip(MINIBATCH_ROW.names, row)))
+        self.policy.observe_step(waited, waited + t5 - t2)  # an agent's wait share
         self.log.maybe_flush()
         stop = self.checkpoints.after_step(item.epoch, item.step, item.snapshot, totals.checkpoint, totals.stop)
         self.watchdog.progress()
@@ -260,11 +262,14 @@ class Trainer:
             "adjacency_rows_rma": mb.stats.rows_remote, "adjacency_bytes_rma": mb.stats.bytes_remote,
             "hits": a.hits, "misses": a.misses, "refills": a.refills, "evictions": a.evictions,
             "candidates": a.candidates, "refetched": a.refetched, "replaced": a.replaced, "asked_by": a.asked_by,
-            "occupancy": a.occupancy, "comm_volume": a.comm_volume, "hit_percent": a.hit_percent,
+            "occupancy": a.occupancy, "refill_budget": a.refill_budget, "lookahead_window": a.lookahead_window,
+            "decision_request": a.decision[0], "decision_age": a.decision[1], "action_fallback": a.decision[2],
+            "comm_volume": a.comm_volume, "hit_percent": a.hit_percent,
             "hit_ratio": a.hit_total / looked if looked else 0.0,
             "t_sample": item.t_sample, "t_fetch": item.t_assemble, "t_copy": item.t_stage,
             "t_lookup": a.t_lookup, "t_replace": a.t_replace,
-            "t_rma": fetch.seconds_remote + mb.stats.seconds_remote, "t_wait": waited,
+            "t_rma": fetch.seconds_remote + mb.stats.seconds_remote, "t_rma_features": fetch.seconds_remote,
+            "t_wait": waited,
             "t_forward_backward": t_compute, "t_allreduce": t_allreduce, "t_grad_copy": self.allreduce.seconds_staging,
             "t_update": t_update,
             "loss": loss_sum / seeds.size if seeds.size else np.nan,

@@ -1,8 +1,9 @@
 """The decision makers, one class each in the ``DECIDERS`` registry: ``heuristic`` (the paper's
-rules), ``llm`` (a small instruct model in context) and ``classifier`` (a model trained offline)."""
+rules), ``llm`` (a small instruct model in context), ``classifier`` (a model trained offline) and
+``tuner`` (an online bandit)."""
 from __future__ import annotations
 
-from rudder.agent.deciders import classifier, heuristic, llm  # noqa: F401  (each registers its decider)
+from rudder.agent.deciders import classifier, heuristic, llm, tuner  # noqa: F401  (each registers its decider)
 from rudder.agent.deciders.base import DECIDERS, Decider, TrainerContext
 
 

@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rudder.agent.protocol import Decision
+from rudder.agent.protocol import HELLO_FIELDS, WINDOW_METRICS, Decision, conditions
 from rudder.registry import Registry
 
 DECIDERS = Registry()
@@ -42,3 +42,10 @@ class Decider:
 
     def close(self) -> None:
         pass
+
+
+def blank_context() -> TrainerContext:
+    """A context of zeros (a model's warm-up question)."""
+    latest = {**dict.fromkeys(("counter", "epoch", "step", "remaining"), 0), **dict.fromkeys(WINDOW_METRICS, 0.0),
+              "refill_rows": 0.0, "refill_seconds": 0.0}
+    return TrainerContext(dict.fromkeys(HELLO_FIELDS[1:], 0), {**latest, **conditions(latest)})

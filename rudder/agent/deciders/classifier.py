@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from rudder.agent.action import Action, ActionLimits
 from rudder.agent.deciders.base import Decider, TrainerContext, register_decider
 from rudder.agent.features import FEATURES, features
 from rudder.agent.protocol import EVICT, KEEP, Decision
@@ -153,6 +154,24 @@ class Classifier(Decider):
         x = (features(ctx.facts, ctx.latest, ctx.last_evicted) - self.mean) / self.std
         evict = bool(predict(self.model, x[None, :])[0])
         p = float(self.model.predict_proba(x[None, :])[0, 1]) if hasattr(self.model, "predict_proba") else None
-        answer = json.dumps({"model": self.kind, "decision": "evict" if evict else "keep", "p_evict": p})
-        return Decision(EVICT if evict else KEEP, explanation=f"{self.kind} says {'evict' if evict else 'keep'}",
-                        raw=answer, prompt=json.dumps({"features": dict(zip(FEATURES, np.round(x, 4).tolist()))}))
+        answer = {"model": self.kind, "decision": "evict" if evict else "keep", "p_evict": p}
+        d = Decision(EVICT if evict else KEEP, explanation=f"{self.kind} says {'evict' if evict else 'keep'}",
+                     prompt=json.dumps({"features": dict(zip(FEATURES, np.round(x, 4).tolist()))}))
+        if self.cfg.agent.action == "structured":
+            d.action = budget_of(evict, p, ctx)
+            answer["refill"] = d.action.refill
+        d.raw = json.dumps(answer)
+        return d
+
+
+def budget_of(evict: bool, p_evict: float | None, ctx: TrainerContext) -> Action:
+    """A classifier's yes/no as a refill budget: its label says whether a replacement of the
+    paper's size would have paid off (the traces' label, ``classifier_training.labels``), so "keep"
+    refills nothing and "evict" a share of the candidates the buffer has now, its confidence above
+    the even odds: (2 p - 1) of them (all of them for the SVM, which gives no probability)."""
+    limits = ActionLimits.of(ctx.facts)
+    if not evict:
+        return Action.budget(0, limits.window)
+    share = 1.0 if p_evict is None else min(1.0, max(0.0, 2 * p_evict - 1))
+    rows = int(round(share * min(limits.refill, ctx.latest["candidates"])))
+    return Action.budget(max(rows, 1) if limits.refill else 0, limits.window)

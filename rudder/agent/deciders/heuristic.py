@@ -1,7 +1,8 @@
 """The ``heuristic`` decider: the rules of the paper's system prompt, applied transparently (an
-honest non-LLM baseline)."""
+honest non-LLM baseline), and with ``--agent-action structured`` a rule for how much to refill."""
 from __future__ import annotations
 
+from rudder.agent.action import Action, ActionLimits
 from rudder.agent.deciders.base import Decider, TrainerContext, register_decider
 from rudder.agent.protocol import EVICT, KEEP, Decision
 
@@ -13,6 +14,12 @@ class Heuristic(Decider):
     nothing, when the hit rate is rising on its own, or with under 5% of training left."""
 
     def decide(self, ctx: TrainerContext) -> Decision:
+        d = self.paper(ctx)
+        if getattr(getattr(self.cfg, "agent", None), "action", "paper") == "structured":
+            d.action = self.budget(ctx, d.decision == EVICT)
+        return d
+
+    def paper(self, ctx: TrainerContext) -> Decision:
         m, facts, past = ctx.latest, ctx.facts, list(ctx.history)
         previous = past[-1] if past else None
         if m["remaining"] < 0.05 * facts["total_minibatches"]:
@@ -30,3 +37,19 @@ class Heuristic(Decider):
             if previous["status"] == "decision_no_evict" and previous["hitrate_delta"] > 0:
                 return Decision(KEEP, explanation="hit rate rising without eviction")
         return Decision(KEEP, explanation="steady")
+
+    @staticmethod
+    def budget(ctx: TrainerContext, evict: bool) -> Action:
+        """How much of the paper's replacement to do. Where the paper's rules keep: nothing.
+        Where they evict: the candidates the buffer has now (a larger budget would not bind),
+        shrunk by the share of step time the trainer already waits for its inputs (every refilled
+        row is read in the same request as the misses, on that path), and no more than the rows
+        the latest refill's request could read in the time of a step at the bandwidth achieved
+        (its cost per row, measured). The window stays the largest: a longer lookahead ranks better."""
+        limits, m = ActionLimits.of(ctx.facts), ctx.latest
+        if not evict:
+            return Action.budget(0, limits.window)
+        rows = m["candidates"] * (1.0 - m["wait_share"]) if m["hitrate"] > 0 else limits.refill
+        if m["refill_rows"] > 0 and m["refill_seconds"] > 0 and m["step_seconds"] > 0:
+            rows = min(rows, m["step_seconds"] * m["refill_rows"] / m["refill_seconds"])
+        return Action.budget(int(min(limits.refill, max(0.0, rows))), limits.window)

@@ -1,4 +1,5 @@
-"""The ``llm`` decision maker: a small instruct model, in context, decides evict or keep.
+"""The ``llm`` decision maker: a small instruct model, in context, decides evict or keep, or with
+``--agent-action structured`` how much to refill (``rudder.agent.action``).
 
 The prompt (system: the run's static facts and the rules; user: the latest window and the
 last 5 outcomes) comes from editable template files in ``rudder/agent/prompts`` (version:
@@ -8,15 +9,22 @@ flat; the reason optional and at most 48 characters: the answer's tokens are mos
 decision's time) and then parsed and validated; anything else (an exception, an unparseable
 answer) becomes the configured fallback decision with its code and reason logged, never an
 error. The model runs in-process or behind an OpenAI-compatible server (``llm_backends``).
+
+The structured answer is ``{"refill_percent": P, ["window": W,] "hitrate": D, "comm": D[, "why":
+TEXT]}``: P, the budget in percent of the buffer's capacity (the grammar allows 0..100, and the
+rows are round(P x capacity / 100): the grammar cannot know each trainer's capacity, a
+percentage it can bound exactly), and W the lookahead window, 0..the run's limit, asked only where
+the buffer looks ahead. Its prompts are ``system_action.txt`` and ``user_action.txt``.
 """
 from __future__ import annotations
 
 import json
 import os
 
-from rudder.agent.deciders.base import Decider, TrainerContext, register_decider
+from rudder.agent.action import Action, ActionLimits, window_limit
+from rudder.agent.deciders.base import Decider, TrainerContext, blank_context, register_decider
 from rudder.agent.deciders.llm_backends import DecisionCutOff, InProcessModel, ServerModel, probe_server, resolve_model
-from rudder.agent.protocol import EVICT, HELLO_FIELDS, KEEP, WINDOW_METRICS, Decision
+from rudder.agent.protocol import EVICT, KEEP, Decision
 
 # 2: the trainer's statistics moved to the end of the system prompt, so the rules (the same for
 # every trainer) stay in the model's prefix cache between trainers.
@@ -47,6 +55,47 @@ SCHEMA = {
 }
 
 
+def action_format(window: int) -> tuple[str, dict]:
+    """(GBNF grammar, JSON schema) of the structured answer; ``window``: the largest window (0: not asked)."""
+    windows = " | ".join(f'"{w}"' for w in range(window + 1))
+    grammar = "\n".join([
+        "",
+        r'root ::= "{\"refill_percent\": " percent' + (r' ", \"window\": " window' if window else "")
+        + r' ", \"hitrate\": " direction ", \"comm\": " direction why? "}"',
+        r'percent ::= "100" | [1-9] [0-9] | [0-9]',
+        *([f"window ::= {windows}"] if window else []),
+        r'direction ::= "\"up\"" | "\"down\"" | "\"flat\""',
+        r'why ::= ", \"why\": \"" [a-zA-Z0-9 .,;:!?%()+=-]{0,' + str(REASON_CHARS) + r'} "\""',
+        "",
+    ])
+    properties = {"refill_percent": {"type": "integer", "minimum": 0, "maximum": 100},
+                  **({"window": {"type": "integer", "minimum": 0, "maximum": window}} if window else {}),
+                  "hitrate": SCHEMA["properties"]["hitrate"], "comm": SCHEMA["properties"]["comm"],
+                  "why": SCHEMA["properties"]["why"]}
+    schema = {"type": "object", "additionalProperties": False, "properties": properties,
+              "required": ["refill_percent", *(["window"] if window else []), "hitrate", "comm"]}
+    return grammar, schema
+
+
+def parse_action(text: str, limits: ActionLimits) -> Decision:
+    """The structured JSON answer as a Decision with its action; raises ValueError when it is not
+    one. A budget beyond 100% or a window beyond the limit parses: validating it is the service's
+    ("out_of_range")."""
+    d = json.loads(text)
+    if not isinstance(d, dict):
+        raise ValueError(f"not a JSON object: {text[:200]!r}")
+    keys = {"refill_percent", "window", "hitrate", "comm", "why"} if limits.window else {"refill_percent", "hitrate",
+                                                                                        "comm", "why"}
+    why, percent, window = d.get("why", ""), d.get("refill_percent"), d.get("window", limits.window)
+    if (set(d) - keys or not isinstance(percent, int) or not isinstance(window, int)
+            or isinstance(percent, bool) or d["hitrate"] not in DIRECTIONS or d["comm"] not in DIRECTIONS
+            or not isinstance(why, str) or len(why) > REASON_CHARS):
+        raise ValueError(f"unexpected values in {text[:200]!r}")
+    action = Action.budget(round(percent * limits.refill / 100), window)
+    return Decision(EVICT if action.evict else KEEP, DIRECTIONS[d["hitrate"]], DIRECTIONS[d["comm"]], why, raw=text,
+                    action=action)
+
+
 def history_lines(ctx: TrainerContext) -> str:
     if not ctx.history:
         return "No past evictions."
@@ -56,7 +105,8 @@ def history_lines(ctx: TrainerContext) -> str:
         change = f"HR {hr:+.1f} percent points, comm_volume {comm:+.1f}"
         lines.append({"triggered": f"You decided eviction: {h['evicted']} nodes evicted. Since then: {change}.",
                       "skipped": "You decided eviction, but it was skipped: no eviction candidates found.",
-                      "decision_no_evict": f"You decided no eviction. Since then: {change}."}[h["status"]])
+                      "decision_no_evict": f"You decided no eviction. Since then: {change}.",
+                      "not_applied": "Your decision came too late or out of range and was not applied."}[h["status"]])
     return "\n".join(lines)
 
 
@@ -89,16 +139,20 @@ class LLM(Decider):
     def __init__(self, cfg, threads: int = 1):
         super().__init__(cfg)
         seed = cfg.training.seed
-        self.model = (ServerModel(cfg.llm, seed, GRAMMAR, SCHEMA) if cfg.llm.url
-                      else InProcessModel(cfg.llm, seed, threads, GRAMMAR))
-        with open(os.path.join(PROMPTS, "system.txt")) as f:
+        self.structured, self.window = cfg.agent.action == "structured", window_limit(cfg)
+        grammar, schema = action_format(self.window) if self.structured else (GRAMMAR, SCHEMA)
+        self.model = (ServerModel(cfg.llm, seed, grammar, schema) if cfg.llm.url
+                      else InProcessModel(cfg.llm, seed, threads, grammar))
+        names = ("system_action.txt", "user_action.txt") if self.structured else ("system.txt", "user.txt")
+        with open(os.path.join(PROMPTS, names[0])) as f:
             self.system = f.read()
-        with open(os.path.join(PROMPTS, "user.txt")) as f:
+        if self.structured and self.window:
+            self.system += (f'Also choose "window": how many upcoming minibatches (0 to {self.window}) the cache ranks '
+                            f'its rows by; more sees further ahead.\n')
+        with open(os.path.join(PROMPTS, names[1])) as f:
             self.user = f.read()
         self.fallback = EVICT if cfg.llm.fallback == "evict" else KEEP
-        self.warm_up = self.decide(TrainerContext(  # as the reference does: the first answer is the slow one
-            dict.fromkeys(HELLO_FIELDS[1:], 0), {**dict.fromkeys(("counter", "epoch", "step", "remaining"), 0),
-                                                 **dict.fromkeys(WINDOW_METRICS, 0.0)}))
+        self.warm_up = self.decide(blank_context())  # as the reference does: the first answer is the slow one
 
     @classmethod
     def check_inputs(cls, cfg, is_agent: bool) -> None:
@@ -113,6 +167,7 @@ class LLM(Decider):
         """(system, user): the system prompt is the same for every request (one cached prefix)."""
         facts = {k: int(v) for k, v in ctx.facts.items()}
         latest = {k: (int(v) if k in ("epoch", "step", "counter", "remaining") else v) for k, v in ctx.latest.items()}
+        latest["bandwidth_mb"] = latest.get("bandwidth", 0.0) / 1e6
         return self.system, self.user.format(**facts, **latest, history=history_lines(ctx))
 
     def decide(self, ctx: TrainerContext) -> Decision:
@@ -121,7 +176,7 @@ class LLM(Decider):
         try:
             text = self.model.complete([{"role": "system", "content": system}, {"role": "user", "content": user}],
                                        ctx.abandoned)
-            d = parse_answer(text)
+            d = parse_action(text, ActionLimits.of(ctx.facts)) if self.structured else parse_answer(text)
         except Exception as e:  # a bad answer, a failed call, a timeout: the fallback, logged
             d = Decision(self.fallback, raw=text).fell_back(fallback_code(e), f"{type(e).__name__}: {str(e)[:200]}")
         d.prompt = system + "\n\n" + user

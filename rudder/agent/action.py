@@ -1,0 +1,89 @@
+"""The agent's action, one definition for the protocol, the deciders, the policies and the logs
+(its fields are the log columns ``rudder.logs.schema.ACTION_COLUMNS``):
+
+* ``evict``: replace now, the paper's action (kept to reproduce it);
+* ``refill``: the most rows that replacement may take, 0..``ActionLimits.refill`` (the buffer's
+  capacity where it refills, else 0). The scored buffer replaces min(its eviction candidates,
+  its refill candidates, ``refill``) slots; where the budget binds, its lowest-scored candidates
+  go, for its most-missed rows. A budget of the capacity never binds: the paper's replacement;
+* ``window``: how many minibatches ahead a lookahead buffer ranks by for the next interval,
+  0..``ActionLimits.window`` (what the pipeline samples ahead, ``--lookahead``); 0 where the
+  buffer does not look ahead.
+
+``--agent-action paper`` deciders answer evict or keep (``Action.paper``: the full budget and
+the configured window); ``structured`` ones answer the budget and the window. ``validate``
+says whether an action may be applied, as a fallback code (``FALLBACKS``): the agent checks what
+its decider answered, the trainer what it received, and neither applies one that fails.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import astuple, dataclass, fields
+
+from rudder.logs.schema import ACTION_FIELDS
+
+MODES = ("paper", "structured")
+
+
+@dataclass(frozen=True)
+class ActionLimits:
+    refill: int  # most rows a replacement may take (the buffer's capacity; 0: the buffer never refills)
+    window: int  # largest lookahead window (0: the buffer does not look ahead)
+
+    @classmethod
+    def of(cls, facts: dict) -> ActionLimits:
+        """From a trainer's facts (``rudder.agent.protocol.trainer_facts``)."""
+        return cls(int(facts["max_refill"]), int(facts["max_window"]))
+
+
+def window_limit(cfg) -> int:
+    """The largest window of a run's agent actions: what the pipeline samples ahead where the
+    agent's buffer looks ahead (``--agent-buffer window``), else 0."""
+    return cfg.buffer.lookahead if cfg.agent.buffer == "window" else 0
+
+
+@dataclass(frozen=True)
+class Action:
+    evict: bool
+    refill: int
+    window: int
+
+    @classmethod
+    def paper(cls, evict: bool, limits: ActionLimits) -> Action:
+        """The paper's evict or keep: an unbounded replacement, the window unchanged."""
+        return cls(bool(evict), limits.refill, limits.window)
+
+    @classmethod
+    def budget(cls, rows: int, window: int) -> Action:
+        """A structured answer: replace at most ``rows`` rows now (none: keep)."""
+        return cls(bool(rows > 0), rows, window)
+
+    def validate(self, limits: ActionLimits) -> str:
+        """"none" if the action may be applied; else why not: "invalid_action" (a field of the
+        wrong type, not finite or not whole), "out_of_range" (outside ``limits``)."""
+        if not isinstance(self.evict, bool):
+            return "invalid_action"
+        for value in (self.refill, self.window):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value != int(value):
+                return "invalid_action"
+        if not (0 <= self.refill <= limits.refill and 0 <= self.window <= limits.window):
+            return "out_of_range"
+        return "none"
+
+    def payload(self) -> list[float]:
+        """As floats, in ``ACTION_FIELDS`` order (a message's or a log row's)."""
+        return [float(v) for v in astuple(self)]
+
+    @classmethod
+    def from_payload(cls, values) -> Action:
+        """Back from ``payload``; a value that is not whole stays as it is, for ``validate`` to refuse."""
+        evict, refill, window = (float(v) for v in values)
+        whole = [int(v) if math.isfinite(v) and v == int(v) else v for v in (refill, window)]
+        return cls(evict == 1.0 if evict in (0.0, 1.0) else evict, *whole)
+
+    def row(self) -> dict:
+        return {"evict": int(self.evict), "refill": int(self.refill), "window": int(self.window)}
+
+
+assert tuple(f.name for f in fields(Action)) == ACTION_FIELDS, "Action and the log's ACTION_COLUMNS disagree"

@@ -1,0 +1,340 @@
+"""The structured agent action (rudder.agent.action): validated and bounded, answered by every
+decider (the tiny GGUF's grammar-constrained answers parse every time), applied by the scored
+buffer as a refill budget and by the lookahead buffer as its window, refused with its reason
+logged when it is out of range, malformed or stale, and never a change to training: per-minibatch
+losses equal the no-buffer run's at 1, 2 and 4 trainers, and the simulator replays such runs
+exactly (``--validate``)."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import BUNDLED_CORA, REPO, mpiexec, read_logs, run_train
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rudder.agent.action import Action, ActionLimits
+from rudder.agent.deciders.base import Decider, register_decider
+from rudder.agent.deciders.classifier import budget_of
+from rudder.agent.deciders.heuristic import Heuristic
+from rudder.agent.deciders.tuner import Tuner, actions_of
+from rudder.agent.protocol import DECISION_FIELDS, HELLO_FIELDS, REQUEST_FIELDS, Decision, accept
+from rudder.agent.samples import random_context
+from rudder.agent.service import DecisionService
+from rudder.logs.schema import FALLBACKS
+from rudder.prefetch.buffers import BufferSettings
+from rudder.prefetch.policies import AgentPolicy, register
+from rudder.prefetch.scored_buffer import ScoredBuffer
+from rudder.sim.transport import MemoryLog
+from rudder.train.config import TrainConfig
+
+LIMITS = ActionLimits(refill=50, window=4)
+
+
+def test_validate_bounds_and_types():
+    assert Action(True, 0, 0).validate(LIMITS) == "none"
+    assert Action(True, 50, 4).validate(LIMITS) == "none"
+    assert Action.paper(True, LIMITS) == Action(True, 50, 4)
+    assert Action.budget(0, 4) == Action(False, 0, 4)
+    for bad in (Action(True, 51, 0), Action(True, -1, 0), Action(False, 0, 5), Action(False, 0, -1)):
+        assert bad.validate(LIMITS) == "out_of_range", bad
+    for bad in (Action(True, math.nan, 0), Action(True, 2.5, 0), Action(True, 1, math.inf), Action(1, 1, 1),
+                Action(True, "3", 0), Action(True, True, 0)):
+        assert bad.validate(LIMITS) == "invalid_action", bad
+    assert Action.from_payload(Action(True, 7, 3).payload()) == Action(True, 7, 3)
+    assert Action.from_payload([1.0, 2.5, 0.0]).validate(LIMITS) == "invalid_action"
+    assert Action.from_payload([0.5, 2.0, 0.0]).validate(LIMITS) == "invalid_action"
+
+
+def answer(evict, refill, window):
+    return np.array([3.0, evict, refill, window, 0, 0, 0.01, 0.0])
+
+
+def test_the_trainer_accepts_only_fresh_valid_answers():
+    assert accept(answer(1, 20, 2), 3, LIMITS, 10) == (Action(True, 20, 2), "none")
+    keep = Action.paper(False, LIMITS)
+    assert accept(answer(1, 20, 2), 11, LIMITS, 10) == (keep, "stale")  # older than the bound: dropped
+    assert accept(answer(1, 20, 2), 500, LIMITS, 0) == (Action(True, 20, 2), "none")  # 0: no bound
+    assert accept(answer(1, 99, 2), 1, LIMITS, 10) == (keep, "out_of_range")
+    assert accept(answer(1, math.nan, 2), 1, LIMITS, 10) == (keep, "invalid_action")
+
+
+def facts(refill=50, window=0):
+    return {**dict.fromkeys(HELLO_FIELDS[1:], 1), "world_rank": 0, "capacity": 50, "total_minibatches": 100,
+            "max_refill": refill, "max_window": window}
+
+
+def request(i, **over):
+    req = dict.fromkeys(REQUEST_FIELDS, 0.0)
+    req.update({"kind": 1, "request": i, "counter": i, "remaining": 50, "prev_request": -1, "prev_applied": -1,
+                "hitrate": 10.0, "candidates": 20.0, "step_seconds": 0.01}, **over)
+    return req
+
+
+class Scripted(Decider):
+    """Answers with the actions it is given, in turn (an exception when given one)."""
+
+    def __init__(self, actions):
+        super().__init__(None)
+        self.actions = list(actions)
+
+    def decide(self, ctx):
+        a = self.actions.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return Decision(int(a.evict), action=a)
+
+
+def test_the_service_refuses_actions_out_of_range_or_malformed_and_logs_why():
+    scripted = [Action(True, 10, 0), Action(True, 51, 0), Action(False, 0, 3), Action(True, math.nan, 0),
+                ValueError("boom"), Action(True, 50, 0)]
+    service = DecisionService(Scripted(scripted), MemoryLog())
+    service.hello(0, facts())
+    payloads = [service.answer(0, request(i)) for i in range(len(scripted))]
+    payloads.append(service.answer(0, request(9, hitrate=math.nan)))  # a garbled window: no decision made on it
+    rows = service.log.tables["decisions"]
+    codes = [FALLBACKS[r["fallback_code"]] for r in rows]
+    assert codes == ["none", "out_of_range", "out_of_range", "invalid_action", "error", "none", "invalid_observation"]
+    reasons = [bytes(t).decode() for t in service.log.tables["fallback_reason"]]
+    assert "outside" in reasons[1] and "boom" in reasons[4] and "hitrate" in reasons[6]
+    for p, row in zip(payloads, rows):
+        sent = dict(zip(DECISION_FIELDS, p))
+        assert sent["fallback"] == row["fallback_code"] and sent["refill"] == row["refill"]
+        if row["fallback_code"]:  # a refused answer becomes "keep"
+            assert (sent["decision"], row["evict"]) == (0, 0)
+    assert [r["refill"] for r in rows][:1] == [10] and rows[5]["refill"] == 50
+
+
+def settings_of():
+    return BufferSettings(0.5, "degree", 0.3, 1, False, "halo")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(10, 49), unique=True, max_size=20), min_size=1, max_size=25),
+       st.lists(st.integers(0, 25), min_size=25, max_size=25))
+def test_a_budget_caps_the_replacement_at_its_worst_slots(trace, budgets):
+    halo = np.arange(10, 50)
+
+    def buffer(state=None):
+        b = ScoredBuffer(settings_of(), halo, halo % 7, (0, 10), 60, 1, np.random.default_rng(0))
+        if state is not None:
+            b.load_state_dict(state)
+        return b
+
+    run = buffer()
+    for nodes, budget in zip(trace, budgets):
+        nodes = np.asarray(nodes, dtype=np.int64)
+        free, full = buffer(run.state_dict()), buffer(run.state_dict())
+        reps = [b.replace(b.lookup(nodes), True, budget=cap) for b, cap in ((free, None), (full, run.capacity))]
+        look = run.lookup(nodes)
+        scores, cand = run.score.copy(), run.eviction_candidates()
+        capped = run.replace(look, True, budget=budget)
+        assert np.array_equal(reps[0].slots, reps[1].slots) and np.array_equal(free.ids, full.ids)  # capacity: no bound
+        assert capped.slots.size == min(budget, reps[0].slots.size)
+        if capped.slots.size < reps[0].slots.size:  # it bound: the lowest-scored candidates went
+            worst = cand[np.argsort(scores[cand], kind="stable")[:budget]]
+            assert set(capped.slots.tolist()) == set(worst.tolist())
+        run.settle(look, capped, capped.inserted.astype(np.float32)[:, None], None, [])
+
+
+def context(**latest):
+    ctx = random_context(np.random.default_rng(0))
+    ctx.latest.update(latest)
+    return ctx
+
+
+def test_heuristic_classifier_and_tuner_answer_valid_actions():
+    cfg = TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "tuner", "agent_action": "structured"})
+    h = Heuristic(cfg)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        ctx = random_context(rng, int(rng.integers(0, 5)))
+        limits = ActionLimits.of(ctx.facts)
+        assert h.decide(ctx).resolved(limits).validate(limits) == "none"
+        for evict, p in ((True, float(rng.uniform(0.5, 1))), (False, 0.2), (True, None)):
+            assert budget_of(evict, p, ctx).validate(limits) == "none"
+    # the rule: nothing hits yet: fill it all; a trainer waiting half its steps: half the candidates
+    assert h.budget(context(hitrate=0.0), True).refill == 50
+    assert h.budget(context(hitrate=20.0, candidates=40.0, wait_share=0.5, refill_rows=0.0), True).refill == 20
+    assert h.budget(context(hitrate=20.0), False).refill == 0
+    assert budget_of(True, 0.75, context(candidates=40.0)).refill == 20 and budget_of(False, 0.4, context()).refill == 0
+    tuner = Tuner(cfg)
+    arms = actions_of(ActionLimits(40, 4), True)
+    assert [a.refill for a in arms] == [0, 0, 10, 10, 20, 20, 40, 40] and {a.window for a in arms} == {2, 4}
+    ctx = random_context(rng, 4)
+    ctx.facts["max_refill"] = 40
+    chosen = []
+    for _ in range(40):  # every arm once, then the one whose windows waited least (arm 2)
+        ctx.latest["wait_share"] = 0.0 if chosen and chosen[-1] == arms[2] else 0.9
+        chosen.append(tuner.decide(ctx).action)
+    assert chosen[:8] == arms
+    later = [arms.index(a) for a in chosen[8:]]
+    assert max(range(8), key=later.count) == 2  # the least waiting one, chosen most
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from rudder.agent.tiny_gguf import write_tiny_gguf
+
+    return write_tiny_gguf(str(tmp_path_factory.mktemp("gguf") / "tiny.gguf"))
+
+
+@pytest.mark.parametrize("buffer", ["scored", "window"])
+def test_structured_llm_answers_always_parse(tiny_model, buffer):
+    from rudder.agent.deciders.llm import LLM, parse_action
+
+    cfg = TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "llm", "llm_model": tiny_model, "llm_threads": 1,
+                                 "llm_temperature": 1.0, "agent_action": "structured", "agent_buffer": buffer}).check()
+    llm = LLM(cfg)
+    rng = np.random.default_rng(0)
+    try:
+        for _ in range(20):  # 40 answers over both buffers, each parsed and valid
+            ctx = random_context(rng, 4 if buffer == "window" else 0)
+            d = llm.decide(ctx)
+            limits = ActionLimits.of(ctx.facts)
+            assert not d.fallback_reason, d.raw
+            assert d.action is not None and d.action.validate(limits) == "none", d.raw
+            assert ('"window"' in d.raw) == (buffer == "window") and "free_slots" in d.prompt
+    finally:
+        llm.close()
+    limits = ActionLimits(50, 0)
+    assert parse_action('{"refill_percent": 50, "hitrate": "up", "comm": "down"}', limits).action == Action(True, 25, 0)
+    over = parse_action('{"refill_percent": 140, "hitrate": "up", "comm": "down"}', limits).action
+    assert over.validate(limits) == "out_of_range"  # parsed, then refused by the service
+    for text in ('{"refill_percent": "all", "hitrate": "up", "comm": "up"}', '{"decision": "evict"}',
+                 '{"refill_percent": 5, "window": 2, "hitrate": "up", "comm": "up"}',
+                 '{"refill_percent": 5.5, "hitrate": "up", "comm": "up"}', '[5]', ''):
+        with pytest.raises((ValueError, KeyError)):
+            parse_action(text, limits)
+
+
+# -- end to end under mpiexec --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+
+    out = {}
+    for n in (1, 2, 4):
+        out[n] = str(tmp_path_factory.mktemp(f"action{n}") / "parts")
+        partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), n, out[n], method="metis", seed=0)
+    return out
+
+
+COMMON = ("--epochs", "3", "--batch-size", "8", "--eval-every", "0", "--progress", "none", "--delta", "1",
+          "--agent-latency", "2")
+
+
+def train(parts, run, ranks, *flags):
+    proc = run_train(ranks, "--data", parts, "--run-dir", run, *COMMON, *flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_logs(run)
+
+
+def losses(logs):
+    return [log["minibatches"]["loss"] for log in logs if log["role"] == "trainer"]
+
+
+@pytest.mark.parametrize("trainers", [1, 2, 4])
+def test_every_budget_and_window_trains_as_without_a_buffer(parts, tmp_path, trainers):
+    from rudder.sim.validate import validate
+
+    base = losses(train(parts[trainers], str(tmp_path / "none"), trainers, "--policy", "none"))
+    variants = {"budgets": ("--policy", "tuner", "--agent-action", "structured"),
+                "windows": ("--policy", "tuner", "--agent-action", "structured", "--agent-buffer", "window")}
+    if trainers == 2:
+        variants["heuristic"] = ("--policy", "heuristic", "--agent-action", "structured")
+    for name, flags in variants.items():
+        run = str(tmp_path / name)
+        logs = train(parts[trainers], run, trainers + 1, *flags)
+        for mine, theirs in zip(losses(logs), base):
+            np.testing.assert_array_equal(mine, theirs)  # bit for bit
+        agent = next(log for log in logs if log["role"] == "agent")
+        d = agent["decisions"]
+        assert d.size and (d["fallback_code"] == 0).all()
+        for t in (log for log in logs if log["role"] == "trainer"):
+            mb = t["minibatches"]
+            arrived = mb["decision_request"] >= 0
+            assert (mb["decision_age"][arrived] == 2).all() and (mb["action_fallback"] == 0).all()
+            asked = mb["replaced"] == 1
+            assert (mb["refills"][asked] <= mb["refill_budget"][asked]).all()
+        if name == "budgets" and trainers > 1:  # the bandit tried no refill, part of the capacity and all of it
+            capacity = next(t for t in logs if t["role"] == "trainer")["run"]["buffer_capacity"]
+            assert {0, capacity} <= set(d["refill"].tolist()) and len(set(d["refill"].tolist())) >= 3
+        if name == "windows":
+            windows = np.concatenate([t["minibatches"]["lookahead_window"] for t in logs if t["role"] == "trainer"])
+            assert len(set(windows.tolist()) - {0}) >= 2  # the window changed during the run
+        compared, mismatches = validate(run)
+        assert not mismatches and compared
+
+
+@register_decider("unruly")
+class Unruly(Decider):
+    """In turn: too large a budget, a window the scored buffer has not, a budget that is no
+    number, a failure, and a valid replacement (registered here and in the job's processes, which
+    import this module: ``LAUNCHER``)."""
+
+    def __init__(self, cfg, threads=1):
+        super().__init__(cfg)
+        self.n = 0
+
+    def decide(self, ctx):
+        self.n += 1
+        cap, kind = int(ctx.facts["max_refill"]), self.n % 5
+        if kind == 3:
+            raise RuntimeError("unruly failure")
+        return Decision(1, action=[Action(True, cap + 7, 0), Action(True, 1, 2), Action(True, math.nan, 0), None,
+                                   Action(True, cap, 0)][kind])
+
+
+@register("unruly")
+class UnrulyAgent(AgentPolicy):
+    pass
+
+
+LAUNCHER = f"""
+import sys
+import mpi4py
+mpi4py.rc.thread_level = "multiple"
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import test_agent_action  # noqa: F401  (registers the unruly decider and policy)
+from rudder.train.job import main
+sys.exit(main())
+"""
+
+
+def test_bad_or_stale_actions_fall_back_with_their_reason_and_training_goes_on(parts, tmp_path):
+    script = tmp_path / "unruly.py"
+    script.write_text(LAUNCHER)
+    base = losses(train(parts[2], str(tmp_path / "none"), 2, "--policy", "none"))
+    env = dict(os.environ, PYTHONPATH=REPO)
+    for name, flags in (("unruly", ()), ("stale", ("--agent-stale-after", "1"))):
+        run = str(tmp_path / name)
+        cmd = [mpiexec(), "-n", "3", sys.executable, str(script), "--data", parts[2], "--run-dir", run, "--policy", "unruly",
+               "--agent-action", "structured", *COMMON, *flags]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        logs = read_logs(run)
+        assert all(log["status"] == "completed" for log in logs)
+        for mine, theirs in zip(losses(logs), base):
+            np.testing.assert_array_equal(mine, theirs)
+        agent = next(log for log in logs if log["role"] == "agent")
+        codes = {FALLBACKS[c] for c in agent["decisions"]["fallback_code"]}
+        assert {"out_of_range", "invalid_action", "error", "none"} <= codes
+        trainers = [log for log in logs if log["role"] == "trainer"]
+        refused = np.concatenate([t["minibatches"]["action_fallback"] for t in trainers])
+        outcomes = agent["outcomes"]
+        if name == "stale":  # every answer comes 2 minibatches on, past the bound of 1: none applied
+            assert (refused[refused != 0] == FALLBACKS.index("stale")).all() and (refused != 0).sum() > 5
+            assert sum(int(t["minibatches"]["replaced"].sum()) for t in trainers) == 0
+            assert (outcomes["action_fallback"] == FALLBACKS.index("stale")).all() and (outcomes["age"] == 2).all()
+        else:
+            assert (refused == 0).all() and sum(int(t["minibatches"]["replaced"].sum()) for t in trainers) > 0
+    from rudder.sim.validate import validate
+
+    compared, mismatches = validate(str(tmp_path / "stale"))
+    assert not mismatches and compared
