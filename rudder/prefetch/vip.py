@@ -20,6 +20,7 @@ that costs is in docs/policies.md.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from rudder.comm.dist_array import ReadStats
 from rudder.prefetch.buffers import find_sorted
@@ -47,12 +48,23 @@ def inclusion_probabilities(adjacency, seeds: np.ndarray, batch_size: float, fan
         deg[seen], deg[~seen] = known_degree[pos[seen]], degree
         known, known_degree = ids, deg
         keep = q * (1.0 if fanout < 0 else np.minimum(1.0, fanout / np.maximum(deg, 1)))
-        nodes, where = np.unique(np.concatenate([ids, src]), return_inverse=True)
+        nodes, where = sorted_codes(np.concatenate([ids, src]))
         # log of the probability of staying out of the next frontier, summed in input order
         with np.errstate(divide="ignore"):  # a certain node: log 0 = -inf, and q = 1 exactly
             stay_out = np.log1p(-np.minimum(np.concatenate([q, keep[np.searchsorted(ids, dst)]]), 1.0))
         ids, q = nodes, -np.expm1(np.bincount(where, weights=stay_out, minlength=nodes.size))
     return ids, q
+
+
+def sorted_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` by hashing (pandas' factorize), sorting only the
+    distinct values: the edges outnumber the nodes they reach by their degree, and an argsort of
+    every edge cost most of the whole computation."""
+    codes, uniques = pd.factorize(values)
+    order = np.argsort(uniques)
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    return np.asarray(uniques, dtype=np.int64)[order], rank[codes]
 
 
 def halo_ranking(adjacency, seeds: np.ndarray, batch_size: float, fanouts: list[int], halo: np.ndarray) -> np.ndarray:
