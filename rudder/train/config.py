@@ -91,9 +91,9 @@ class BufferSection:
     fraction: float = option(0.25, "buffer rows B = floor(f x halo size) per trainer", name="buffer_fraction",
                              check=(lambda v: 0 <= v <= 1, "a fraction of the halo in [0, 1]"))
     init: str = option("degree", "initial fill of a buffer that fills statically (every policy's but none's and "
-                       "lookahead's): top-B halo by in-degree; vip: top-B admissible rows by vertex-inclusion probability "
-                       "under the run's fanouts (SALIENT++), computed at start-up from the L-hop in-neighbourhood of the "
-                       "trainer's seeds; random; or empty", name="buffer_init", choices=INIT_MODES)
+                       "lookahead's): degree: top-B halo by in-degree; vip: top-B admissible rows by vertex-inclusion "
+                       "probability under the run's fanouts (SALIENT++), computed at start-up from the L-hop "
+                       "in-neighbourhood of the trainer's seeds; random; or empty", name="buffer_init", choices=INIT_MODES)
     scope: str = option("halo", "halo: cache 1-hop halo rows only (the paper); remote: any row owned elsewhere",
                         name="buffer_scope", choices=SCOPES)
     alpha: float = option(0.05, "score decay per minibatch", check=(lambda v: 0 <= v < 1, "a decay rate in [0, 1)"))
