@@ -50,6 +50,9 @@ def test_paper_defaults_and_batch_rule():
     (["--data", "d", "--run-dir", "r", "--buffer-sharing", "node"], "--partition-mode node"),
     (["--data", "d", "--run-dir", "r", "--buffer-sharing", "node", "--partition-mode", "node", "--policy", "lookahead"],
      "--buffer-sharing"),
+    (["--data", "d", "--run-dir", "r", "--policy", "none", "--buffer-init", "vip"], "there is no buffer"),
+    (["--data", "d", "--run-dir", "r", "--policy", "lookahead", "--buffer-init", "vip"], "fills on demand"),
+    (["--data", "d", "--run-dir", "r", "--buffer-init", "lru"], "--buffer-init"),
 ])
 def test_bad_flags(argv, needle):
     with pytest.raises(ConfigError) as e:

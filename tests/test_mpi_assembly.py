@@ -14,6 +14,7 @@ VARIANTS = [
     ("static", {}), ("fixed", {"delta": 1}), ("fixed", {"delta": 2, "compat": True}),
     ("fixed", {"delta": 3, "init": "empty"}), ("fixed", {"delta": 1, "init": "random", "scope": "remote"}),
     ("lookahead", {"lookahead": 1}), ("lookahead", {"lookahead": 4, "scope": "remote"}),
+    ("static", {"init": "vip"}), ("fixed", {"delta": 2, "init": "vip", "scope": "remote"}),
 ]
 
 
@@ -35,7 +36,7 @@ def stream(tmp_path_factory):
     rng = np.random.default_rng(layout.trainer_rank)
     seeds = part.node_start + np.flatnonzero(~part.test_mask)  # plenty of minibatches
     inputs = [sampler.sample(rng.choice(seeds, size=min(16, seeds.size), replace=False)).input_nodes for _ in range(40)]
-    yield meta, layout, part, store, inputs
+    yield meta, layout, part, store, inputs, adjacency, out
     adjacency.close()
     store.close()
 
@@ -45,15 +46,19 @@ def test_assembled_features_are_bit_identical(stream, policy, opts):
     from rudder.prefetch.assembly import CachedFeatures, UncachedFeatures, feature_source
     from rudder.prefetch.buffers import BufferSettings
     from rudder.prefetch.policies import make_policy
+    from rudder.prefetch.vip import fill_ranking
     from rudder.train.config import TrainConfig
 
-    meta, layout, part, store, inputs = stream
+    meta, layout, part, store, inputs, adjacency, _ = stream
     cfg = TrainConfig.from_flat({"policy": policy, "delta": opts.get("delta", 25), "lookahead": opts.get("lookahead", 4),
                                  "buffer_init": opts.get("init", "degree"), "buffer_scope": opts.get("scope", "halo"),
                                  "compat": "massivegnn" if opts.get("compat") else "none"})
     settings = BufferSettings.of(cfg.buffer)
     plain = UncachedFeatures(store)
-    ours = feature_source(store, make_policy(cfg), settings, part, meta.num_nodes, np.random.default_rng(0))
+    policy = make_policy(cfg)
+    ranking = fill_ranking(settings, policy, adjacency, part.node_start + np.flatnonzero(part.train_mask), 4.0, [10, 25])
+    assert (ranking is not None) == (settings.init == "vip")
+    ours = feature_source(store, policy, settings, part, meta.num_nodes, np.random.default_rng(0), ranking=ranking)
     assert isinstance(ours, CachedFeatures)
     ours.fill()
     remote_rows = {"plain": 0, "ours": 0}
@@ -70,3 +75,25 @@ def test_assembled_features_are_bit_identical(stream, policy, opts):
     assert remote_rows["ours"] <= remote_rows["plain"]
     if layout.num_trainers > 1 and part.halo_nodes.size:
         assert ours.hit_total > 0  # the buffer did serve rows
+
+
+def test_vip_over_rma_equals_the_simulators(stream):
+    """The inclusion probabilities a trainer computes from RMA reads of the distributed CSR are
+    the simulator's, from its in-memory CSR, bit for bit (so ``--validate`` can rebuild a vip
+    fill), and the reads it made are counted."""
+    from rudder.comm.dist_array import ReadStats
+    from rudder.prefetch.vip import inclusion_probabilities
+    from rudder.sim.transport import Graph, SimulatedAdjacency
+
+    meta, layout, part, store, inputs, adjacency, out = stream
+    seeds = part.node_start + np.flatnonzero(part.train_mask)
+    stats = ReadStats()
+    ids, q = inclusion_probabilities(adjacency, seeds, 4.0, [5, 10, 25], stats)
+    graph = Graph(out)
+    sim_ids, sim_q = inclusion_probabilities(SimulatedAdjacency(graph, layout.partition_id, None, 0), seeds, 4.0, [5, 10, 25])
+    np.testing.assert_array_equal(ids, sim_ids)
+    assert q.tobytes() == sim_q.tobytes()
+    assert np.all((q > 0) & (q <= 1)) and set(seeds.tolist()) <= set(ids.tolist())
+    assert stats.rows_local > 0  # the own partition's lists, read in place
+    if layout.num_trainers > 1:  # the frontier left the partition, and its lists were read from the others'
+        assert ((ids < part.node_start) | (ids >= part.node_end)).any() and stats.rows_shared + stats.rows_remote > 0

@@ -88,6 +88,22 @@ def test_the_cli_reports_every_policy_with_modelled_times(cora8, tmp_path):
     assert "epoch_seconds" not in one["none"]
 
 
+def test_a_global_vip_fill_applies_where_a_buffer_fills_once(cora8, tmp_path):
+    """--buffer-init vip for a list of policies: static and fixed fill by VIP (not as by degree),
+    none and lookahead keep theirs; asking vip of lookahead itself is an error."""
+    runs = {}
+    for init in ("degree", "vip"):
+        proc = simulate("--data", cora8, "--epochs", "2", "--batch-size", "8", "--policies", "none,static,fixed,lookahead",
+                        "--buffer-init", init, "--machine", "none", "--workers", "1", "--out", tmp_path / f"{init}.json")
+        assert proc.returncode == 0, proc.stderr
+        runs[init] = json.loads((tmp_path / f"{init}.json").read_text())["policies"]
+    for label in ("none", "lookahead"):
+        assert runs["vip"][label] == runs["degree"][label]
+    assert runs["vip"]["static"]["rows_per_epoch"] != runs["degree"]["static"]["rows_per_epoch"]
+    bad = simulate("--data", cora8, "--policies", "lookahead:buffer_init=vip")
+    assert bad.returncode == 2 and "fills on demand" in bad.stderr
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--data", "/nonexistent"], "/nonexistent"),
     (["--policies", "none,bogus"], "'bogus' is not one of"),

@@ -13,7 +13,8 @@ from conftest import BUNDLED_CORA, read_logs, run_train, shared_dataset
 
 RUNS = [("none", ["--no-overlap"]), ("none", []), ("static", []), ("fixed", ["--delta", "2"]),
         ("fixed", ["--delta", "1", "--compat", "massivegnn", "--buffer-init", "empty"]),
-        ("lookahead", ["--lookahead", "4"]), ("fixed", ["--delta", "4", "--buffer-scope", "remote", "--prefetch-depth", "2"])]
+        ("lookahead", ["--lookahead", "4"]), ("fixed", ["--delta", "4", "--buffer-scope", "remote", "--prefetch-depth", "2"]),
+        ("static", ["--buffer-init", "vip"]), ("fixed", ["--delta", "2", "--buffer-init", "vip"])]
 
 
 def minibatch_tables(run_dir):
@@ -91,7 +92,35 @@ def test_every_policy_on_facebook(tmp_path):
 def test_every_policy_on_rmat_float16(tmp_path):
     """Features rounded to halves (feat_round=float16): auto stores them as float16, exactly."""
     check_policies("synthetic:rmat:scale=11,edge_factor=8,feat_dim=24,classes=4,seed=3,feat_round=float16", 2, tmp_path,
-                   ["--epochs", "2", "--batch-size", "64"], runs=[RUNS[i] for i in (0, 2, 3, 5, 6)], stored_as="float16")
+                   ["--epochs", "2", "--batch-size", "64"], runs=[RUNS[i] for i in (0, 2, 3, 5, 6, 7)], stored_as="float16")
+
+
+def test_vip_fill_on_two_ranks(tmp_path):
+    """--buffer-init vip on 2 ranks (4 run on Cora above), 3 layers: the losses of no buffer, the
+    simulator's counts exactly, and the start-up cost logged."""
+    runs = [RUNS[0], RUNS[7], ("fixed", ["--delta", "1", "--buffer-init", "vip", "--buffer-scope", "remote"])]
+    check_policies(f"planetoid:{BUNDLED_CORA}:cora", 2, tmp_path, ["--epochs", "2", "--batch-size", "16", "--fanouts",
+                                                                   "5,10,15"], runs=runs, stored_as="bits")
+    for log in read_logs(tmp_path / "run1"):
+        assert log["run"]["buffer_vip_seconds"] > 0 and log["run"]["buffer_fill_rows"] > 0
+        assert log["run"]["buffer_vip_adjacency_rows_rma"] > 0  # the other partition's lists came by RMA
+
+
+def test_vip_fill_on_one_rank(tmp_path):
+    """One rank, one partition: nothing is remote, the buffer is empty, and vip changes nothing."""
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+    from rudder.sim.validate import validate
+
+    parts = str(tmp_path / "parts")
+    partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 1, parts, method="metis", seed=0)
+    tables = {}
+    for name, policy, flags in (("none", "none", []), ("vip", "static", ["--buffer-init", "vip"])):
+        tables[name] = train(1, parts, str(tmp_path / name), policy, flags, ["--epochs", "2", "--batch-size", "16"])
+        compared, mismatches = validate(str(tmp_path / name))
+        assert not mismatches and compared == len(tables[name][0])
+    np.testing.assert_array_equal(tables["vip"][0]["loss"], tables["none"][0]["loss"])
+    assert read_logs(tmp_path / "vip")[0]["run"]["buffer_vip_seconds"] > 0
 
 
 def test_node_shared_buffer(tmp_path):
@@ -105,14 +134,15 @@ def test_node_shared_buffer(tmp_path):
     tables, fills = {}, {}
     for name, flags in (("none", []), ("shared", ["--policy", "fixed", "--delta", "1", "--buffer-sharing", "node"]),
                         ("compat", ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node", "--compat",
-                                    "massivegnn", "--buffer-init", "random"])):
+                                    "massivegnn", "--buffer-init", "random"]),
+                        ("vip", ["--policy", "fixed", "--delta", "3", "--buffer-sharing", "node", "--buffer-init", "vip"])):
         run = str(tmp_path / name)
         proc = run_train(4, "--data", parts, "--run-dir", run, "--partition-mode", "node", "--epochs", "5",
                          "--eval-every", "0", "--progress", "none", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         tables[name] = minibatch_tables(run)
         fills[name] = [log["run"]["buffer_fill_rows"] for log in read_logs(run)]
-    for name in ("shared", "compat"):
+    for name in ("shared", "compat", "vip"):
         for ours, theirs in zip(tables[name], tables["none"]):
             np.testing.assert_array_equal(ours["loss"], theirs["loss"])
         assert all(t["hits"].sum() > 0 for t in tables[name])

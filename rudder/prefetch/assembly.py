@@ -179,9 +179,10 @@ class CachedFeatures:
 
 
 def feature_source(store, policy: Policy, settings: BufferSettings, partition, num_nodes: int, rng: np.random.Generator,
-                   shared=None) -> UncachedFeatures | CachedFeatures:
-    """The store itself, or the store behind the buffer ``policy`` asks for (``buffer_class``)."""
+                   shared=None, ranking=None) -> UncachedFeatures | CachedFeatures:
+    """The store itself, or the store behind the buffer ``policy`` asks for (``buffer_class``);
+    ``ranking``: what a ``--buffer-init vip`` fill ranks by (``rudder.prefetch.vip.fill_ranking``)."""
     if policy.buffer_class is None:
         return UncachedFeatures(store)
-    buffer = policy.buffer_class.build(settings, partition, num_nodes, store.dim, rng, shared)
+    buffer = policy.buffer_class.build(settings, partition, num_nodes, store.dim, rng, shared, ranking)
     return CachedFeatures(store, buffer, policy, settings.compat, shared)

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-INIT_MODES = ("degree", "random", "empty")
+INIT_MODES = ("degree", "vip", "random", "empty")
 SCOPES = ("halo", "remote")
 
 
 @dataclass
 class BufferSettings:
     fraction: float = 0.25  # B = floor(fraction x |H|)
-    init: str = "degree"  # degree | random | empty
+    init: str = "degree"  # degree | vip | random | empty
     alpha: float = 0.05  # score decay 1 - alpha per minibatch
     delta: int = 25  # eviction threshold round((1 - alpha)^delta, 3)
     compat: bool = False  # reproduce the reference code, quirks included
@@ -72,17 +72,20 @@ class Replacement:
 
 
 class PrefetchBuffer:
-    """The protocol (module docstring). ``shareable``: the node's trainers may share one in shared memory."""
+    """The protocol (module docstring). ``shareable``: the node's trainers may share one in shared
+    memory; ``fills_statically``: it is filled once before training, by ``--buffer-init``."""
 
     shareable = False
+    fills_statically = False
     capacity = 0
     features: np.ndarray
 
     @classmethod
     def build(cls, settings: BufferSettings, partition, num_nodes: int, dim: int, rng: np.random.Generator,
-              shared=None) -> PrefetchBuffer:
+              shared=None, ranking=None) -> PrefetchBuffer:
         """The buffer of a trainer of ``partition`` (its halo and owned range), rows ``dim`` wide;
-        ``shared``: a ``NodeSharedArrays`` when the node's trainers share it."""
+        ``shared``: a ``NodeSharedArrays`` when the node's trainers share it; ``ranking``: (node
+        IDs sorted, score of each) that ``--buffer-init vip`` fills by (``rudder.prefetch.vip``)."""
         raise NotImplementedError
 
     def lookup(self, nodes: np.ndarray) -> Lookup:

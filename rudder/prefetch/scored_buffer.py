@@ -6,6 +6,10 @@ the partition's 1-hop halo H (the paper), or with scope ``remote`` every node ow
 (S_N then spans all node IDs: the reference's "standard" variant; the halo one is its
 "memory-efficient" variant, which gives identical results).
 
+It starts filled by ``--buffer-init``: the top-B halo nodes by global in-degree, the top-B
+admissible nodes by vertex-inclusion probability (``vip``, from ``rudder.prefetch.vip``), B
+random halo nodes, or nothing.
+
 Every minibatch every score decays by d = 1 - alpha, a hit divides its slot's score by d
 (freezing it), and each admissible miss adds 1 to its S_N. On a replacement: eviction
 candidates are the slots with S_E < round(d^delta, 3) compared in float32, in node ID order;
@@ -67,10 +71,12 @@ class ScoredBuffer(PrefetchBuffer):
     that no other trainer reads a slot before its row is there."""
 
     shareable = True
+    fills_statically = True
     STATE = ("ids", "score", "features", "miss_count", "pending", "counters")  # slot_of follows from ids
 
     def __init__(self, settings: BufferSettings, halo: np.ndarray, halo_in_degree: np.ndarray, owned: tuple[int, int],
-                 num_nodes: int, dim: int, rng: np.random.Generator, alloc=_private, initialise: bool = True):
+                 num_nodes: int, dim: int, rng: np.random.Generator, alloc=_private, initialise: bool = True,
+                 ranking: tuple[np.ndarray, np.ndarray] | None = None):
         self.settings = s = settings
         order = np.argsort(halo, kind="stable")
         self.halo, halo_in_degree = np.asarray(halo, np.int64)[order], np.asarray(halo_in_degree)[order]
@@ -97,6 +103,8 @@ class ScoredBuffer(PrefetchBuffer):
         if s.init == "degree":  # top-B halo nodes by global in-degree, ties by ID
             pick = np.argsort(-halo_in_degree, kind="stable")[:B]
             self.ids[:] = self.halo[np.sort(pick)]
+        elif s.init == "vip":
+            self.ids[:] = self.most_included(ranking)
         elif s.init == "random":
             self.ids[:] = np.sort(rng.choice(self.halo, size=B, replace=False))
         else:  # empty: sentinel IDs that can never match a node
@@ -108,11 +116,25 @@ class ScoredBuffer(PrefetchBuffer):
         idx, ok = self.index.find(self.ids)
         self.miss_count[idx[ok]] = -1
 
+    def most_included(self, ranking: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+        """The initial slots under ``--buffer-init vip``: the top-B admissible nodes by inclusion
+        probability (``ranking``: node IDs sorted, probability of each), ties by ID, those no
+        minibatch can reach (probability 0) left out; empty sentinels in the slots left over."""
+        if ranking is None:
+            raise ValueError("--buffer-init vip: the buffer needs the inclusion probabilities (rudder.prefetch.vip)")
+        ids, q = ranking
+        _, ok = self.index.find(ids)  # the halo, or with scope remote any node owned elsewhere
+        ok &= q > 0
+        ids, q = ids[ok], q[ok]
+        chosen = np.sort(ids[np.argsort(-q, kind="stable")[:self.capacity]])
+        empty = np.arange(self.num_nodes + chosen.size, self.num_nodes + self.capacity, dtype=np.int64)
+        return np.concatenate([chosen, empty])
+
     @classmethod
-    def build(cls, settings, partition, num_nodes, dim, rng, shared=None) -> ScoredBuffer:
+    def build(cls, settings, partition, num_nodes, dim, rng, shared=None, ranking=None) -> ScoredBuffer:
         extra = {"alloc": shared.alloc, "initialise": shared.comm.rank == 0} if shared is not None else {}
         return cls(settings, partition.halo_nodes, partition.halo_in_degree, (partition.node_start, partition.node_end),
-                   num_nodes, dim, rng, **extra)
+                   num_nodes, dim, rng, ranking=ranking, **extra)
 
     def _map_slots(self) -> None:
         """``slot_of`` from ``ids`` (pending tokens and sentinels map from no node)."""

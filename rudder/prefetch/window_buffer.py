@@ -184,7 +184,7 @@ class WindowBuffer(PrefetchBuffer):
         self.filled = 0
 
     @classmethod
-    def build(cls, settings, partition, num_nodes, dim, rng, shared=None) -> WindowBuffer:
+    def build(cls, settings, partition, num_nodes, dim, rng, shared=None, ranking=None) -> WindowBuffer:
         return cls(capacity_of(settings.fraction, partition.halo_nodes.size), partition.halo_nodes,
                    (partition.node_start, partition.node_end), num_nodes, dim, settings.scope)
 

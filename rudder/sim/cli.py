@@ -61,6 +61,9 @@ def parse_policies(text: str, base: TrainConfig) -> dict[str, dict]:
         if name not in POLICIES:
             raise ConfigError(f"--policies {item!r}: {name!r} is not one of {', '.join(POLICIES)}")
         overrides = {"policy": name} if name == "classifier" else {"policy": name, "classifier_model": ""}
+        buffer = POLICIES[name].buffer_class
+        if base.buffer.init == "vip" and (buffer is None or not buffer.fills_statically):
+            overrides["buffer_init"] = "degree"  # a global --buffer-init vip: for the policies whose buffer fills once
         for flag in flags:
             key, _, value = flag.partition("=")
             key = key.replace("-", "_")

@@ -42,6 +42,7 @@ from rudder.logs import metrics
 from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
 from rudder.prefetch.policies import PolicyContext, make_policy
+from rudder.prefetch.vip import fill_ranking
 from rudder.sampling.neighbors import NeighborSampler
 from rudder.sampling.schedule import minibatch_schedule
 from rudder.sim.machine import Machine, allreduce_seconds, sage_flops
@@ -104,8 +105,12 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
     the initial fill."""
     steps, _ = steps_and_batch(cfg, graph)
     policy = make_policy(cfg)
-    features = feature_source(CountedStore(graph, part, machine, row_bytes), policy, BufferSettings.of(cfg.buffer),
-                              graph.parts[part], graph.meta.num_nodes, np.random.default_rng([cfg.training.seed, 2, part]))
+    settings, p = BufferSettings.of(cfg.buffer), graph.parts[part]
+    train = p.node_start + np.flatnonzero(p.train_mask)  # the trainer's seeds (--partition-mode trainer)
+    ranking = fill_ranking(settings, policy, SimulatedAdjacency(graph, part, None, 0), train, train.size / steps,
+                           cfg.sampling.fanouts)
+    features = feature_source(CountedStore(graph, part, machine, row_bytes), policy, settings, p, graph.meta.num_nodes,
+                              np.random.default_rng([cfg.training.seed, 2, part]), ranking=ranking)
     fill = features.fill()
     capacity = features.buffer.capacity if features.buffer is not None else 0
     service = DecisionService(make_decider(cfg), MemoryLog()) if policy.needs_agent else None

@@ -90,8 +90,10 @@ class BufferSection:
                          "per node: launch one extra rank per node", choices=lambda: POLICIES)
     fraction: float = option(0.25, "buffer rows B = floor(f x halo size) per trainer", name="buffer_fraction",
                              check=(lambda v: 0 <= v <= 1, "a fraction of the halo in [0, 1]"))
-    init: str = option("degree", "initial fill: top-B halo by in-degree, random, or empty", name="buffer_init",
-                       choices=INIT_MODES)
+    init: str = option("degree", "initial fill of a buffer that fills statically (every policy's but none's and "
+                       "lookahead's): degree: top-B halo by in-degree; vip: top-B admissible rows by vertex-inclusion "
+                       "probability under the run's fanouts (SALIENT++), computed at start-up from the L-hop "
+                       "in-neighbourhood of the trainer's seeds; random; or empty", name="buffer_init", choices=INIT_MODES)
     scope: str = option("halo", "halo: cache 1-hop halo rows only (the paper); remote: any row owned elsewhere",
                         name="buffer_scope", choices=SCOPES)
     alpha: float = option(0.05, "score decay per minibatch", check=(lambda v: 0 <= v < 1, "a decay rate in [0, 1)"))
@@ -229,6 +231,9 @@ class TrainConfig:
              "trainer with --agent-buffer window (the window buffer cannot be shared)")
         need(b.sharing == "trainer" or buffer_class is None or buffer_class.shareable, "--buffer-sharing", b.sharing,
              f"trainer with --policy {b.policy} (its buffer cannot be shared)")
+        need(b.init != "vip" or (buffer_class is not None and buffer_class.fills_statically), "--buffer-init", b.init,
+             f"degree, random or empty with --policy {b.policy} (vip ranks a buffer's initial fill: "
+             f"{'there is no buffer' if buffer_class is None else 'this one starts empty and fills on demand'})")
         need(not self.checkpoint.every or b.sharing == "trainer", "--checkpoint-every", self.checkpoint.every,
              "no checkpoints with --buffer-sharing node (not supported yet)")
         return self

@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 from rudder.agent.link import AgentLink
 from rudder.agent.protocol import trainer_facts
+from rudder.comm.dist_array import ReadStats
 from rudder.comm.layout import exposer_table
 from rudder.comm.runtime import abort_job, library_versions, mpi_cuda_support
 from rudder.comm.shared_memory import NodeSharedArrays
@@ -37,6 +38,7 @@ from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
 from rudder.prefetch.pipeline import MinibatchPipeline, Prepared
 from rudder.prefetch.policies import PolicyContext, make_policy
+from rudder.prefetch.vip import fill_ranking
 from rudder.sampling.neighbors import NeighborSampler
 from rudder.sampling.schedule import minibatch_schedule, my_share
 from rudder.train.checkpointing import CheckpointCoordinator, Resumed, load_resumed
@@ -146,8 +148,14 @@ class Trainer:
         cfg, layout, part = self.cfg, self.layout, self.partition
         self.policy = make_policy(cfg)
         self.shared = NodeSharedArrays(layout.node_trainers) if cfg.buffer.sharing == "node" else None
-        self.features = feature_source(self.store, self.policy, BufferSettings.of(cfg.buffer), part, self.meta.num_nodes,
-                                       np.random.default_rng([cfg.training.seed, 2, layout.partition_id]), self.shared)
+        settings, self.vip_reads, t = BufferSettings.of(cfg.buffer), ReadStats(), time.perf_counter()
+        filler = self.shared is None or self.shared.comm.rank == 0  # a node-shared buffer's filler ranks for all
+        ranking = fill_ranking(settings, self.policy, self.adjacency, self.train_nodes, self.my_train / self.steps_per_epoch,
+                               cfg.sampling.fanouts, self.vip_reads) if filler else None
+        self.vip_seconds = time.perf_counter() - t if ranking is not None else 0.0
+        self.features = feature_source(self.store, self.policy, settings, part, self.meta.num_nodes,
+                                       np.random.default_rng([cfg.training.seed, 2, layout.partition_id]), self.shared,
+                                       ranking)
         self.fill = self.features.fill()
         if self.resumed:
             self.features.load_state_dict(self.resumed.rank_state["assembly"])
@@ -164,7 +172,9 @@ class Trainer:
                "mpi_cuda_support": self.mpi_cuda_support, "partition_exposed_here": self.exposes,
                "halo_nodes": int(self.partition.halo_nodes.size), "buffer_capacity": self.facts["capacity"],
                "buffer_fill_rows": fill.rows_local + fill.rows_shared + fill.rows_remote,
-               "buffer_fill_bytes_rma": fill.bytes_remote}
+               "buffer_fill_bytes_rma": fill.bytes_remote, "buffer_vip_seconds": self.vip_seconds,
+               "buffer_vip_adjacency_rows_rma": self.vip_reads.rows_remote,
+               "buffer_vip_adjacency_bytes_rma": self.vip_reads.bytes_remote}
         data = {"dir": cfg.data.path, "dataset": meta.dataset, "source": meta.source, "num_parts": meta.num_parts,
                 "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "feat_dim": meta.feat_dim,
                 "feature_dtype": meta.feature_dtype, "feature_row_bytes": meta.feature_encoding.row_bytes,
