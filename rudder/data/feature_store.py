@@ -38,6 +38,12 @@ class NodeRows:
     def views(self) -> dict:
         return self.rows.views
 
+    def in_shared_memory(self, gids: np.ndarray) -> np.ndarray:
+        """Per global ID: its row is read by a copy from memory this process maps (its own
+        segment or a same-node peer's), not by RMA."""
+        gids = np.asarray(gids, dtype=np.int64)
+        return np.isin(self.meta.owner_of(gids), np.fromiter(self.rows.views, dtype=np.int64))
+
     def gather(self, gids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None,
                spare: bool = False) -> tuple[np.ndarray, ReadStats]:
         """Rows of global IDs ``gids`` (any order, repeats allowed), into ``out`` if given, at

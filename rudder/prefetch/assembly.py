@@ -14,6 +14,9 @@ widened to float32, so buffers hold widened rows: a hit is a plain copy (no deco
 minibatch), the buffers and the node-shared buffer stay type-free, and a buffer's capacity is
 in rows (``--buffer-fraction`` of the halo), so compact slots would save memory but not hold
 more rows without changing the remote-row counts the policies are compared on.
+
+A buffer that fetches no row of its own (the window buffer) keeps no copy of rows the store
+reads from shared memory: a hit on one is read from the store with the misses, uncounted.
 """
 from __future__ import annotations
 
@@ -92,6 +95,10 @@ class CachedFeatures:
         self.counter = self.hit_total = self.miss_total = 0
         self.lock = shared.lock if shared is not None else contextlib.nullcontext
         self.init_stats = ReadStats()
+        if buffer.leaves_rows_to_store and shared is None:
+            # on one node every row is in shared memory, where a buffer's copy of it saves nothing
+            # and costs a copy per admitted row (docs/results-buffer-cost.md)
+            buffer.store_rows = store.in_shared_memory(buffer.index.node_of(np.arange(buffer.index.size)))
 
     def fill(self) -> ReadStats:
         """The initial bulk fetch (one request; by one trainer of a node when they share the
@@ -134,17 +141,24 @@ class CachedFeatures:
             if shared:
                 take_rows(buf.features, look.slots, x, np.flatnonzero(look.hit))
         t2 = time.perf_counter()
-        miss_at = np.flatnonzero(~look.hit)
+        hit_at, hit_slots, read = np.flatnonzero(look.hit), look.slots, ~look.hit
+        left = 0
+        if buf.store_rows is not None:  # hits whose rows the buffer left to the store are read with the misses
+            by_store = buf.store_rows[look.hit_index]
+            read[hit_at[by_store]] = True
+            hit_at, hit_slots, left = hit_at[~by_store], hit_slots[~by_store], int(np.count_nonzero(by_store))
+        read_at = np.flatnonzero(read)
         refill_rows = None
         # a buffer of this trainer's own: its hits are copied after, so the fetch may spare them
         if refill_ids.size == 0:  # the common case: misses land straight in their rows of x
-            _, fetch = self.store.gather(nodes[miss_at], out=x, at=miss_at, spare=not shared)
+            _, fetch = self.store.gather(nodes[read_at], out=x, at=read_at, spare=not shared)
         else:  # one request for misses and refills, each row fetched straight to where it goes
-            request, at, refill_at = self._request(nodes, miss_at, refill_ids)
+            request, at, refill_at = self._request(nodes, read_at, refill_ids)
             _, fetch = self.store.gather(request, out=rows, at=at, spare=not shared)
             refill_rows = rows[refill_at]
+        fetch.rows_shared -= left  # hits all the same: read from a same-node peer, not fetched
         if not shared:  # before settling changes any slot
-            take_rows(buf.features, look.slots, x, np.flatnonzero(look.hit))
+            take_rows(buf.features, hit_slots, x, hit_at)
         t3 = time.perf_counter()
         window = min(len(future), self.policy.lookahead_now())  # the policy's window for this minibatch
         with (self.lock() if rep is not None else contextlib.nullcontext()):

@@ -79,6 +79,11 @@ class PrefetchBuffer:
     fills_statically = False
     capacity = 0
     features: np.ndarray
+    # per admissible index (``AdmissibleIndex``), or None: rows this buffer keeps no copy of,
+    # because the feature store reads them from shared memory as fast as a hit's copy; a hit
+    # on one is read from the store (``rudder.prefetch.assembly``)
+    store_rows: np.ndarray | None = None
+    leaves_rows_to_store = False  # may take ``store_rows`` (a buffer that fetches rows of its own may not)
 
     @classmethod
     def build(cls, settings: BufferSettings, partition, num_nodes: int, dim: int, rng: np.random.Generator,

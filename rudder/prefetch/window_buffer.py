@@ -167,6 +167,9 @@ class AgeQueue:
 
 
 class WindowBuffer(PrefetchBuffer):
+    # demand-filled: a row left to the store is read as a hit there, and no count changes
+    leaves_rows_to_store = True
+
     def __init__(self, capacity: int, halo: np.ndarray, owned: tuple[int, int], num_nodes: int, dim: int, scope: str):
         self.capacity, self.num_nodes = capacity, num_nodes
         self.index = AdmissibleIndex(halo, owned, num_nodes, scope)
@@ -237,7 +240,11 @@ class WindowBuffer(PrefetchBuffer):
         self.ids[slots] = lookup.nodes[at]
         self.node_at[slots] = misses[enter]
         self.slot_of[misses[enter]] = slots
-        self.features[slots] = x[at]
+        if self.store_rows is None:
+            self.features[slots] = x[at]
+        else:  # only the rows the store would read by RMA are worth a copy
+            copy = ~self.store_rows[misses[enter]]
+            self.features[slots[copy]] = x[at[copy]]
         self.last_used[slots] = self.clock
         staying = far_hits[self.ids[far_hits] == far_hit_ids]
         unneeded_now = np.concatenate([staying, slots[far_miss[enter]]])  # used now, not needed in the window

@@ -66,6 +66,10 @@ class CountedStore(SimulatedReads):
     """``rudder.data.feature_store.FeatureStore`` with rows of width 0: what a gather would read."""
     dim = 0
 
+    def in_shared_memory(self, ids: np.ndarray) -> np.ndarray:
+        """No row is worth leaving to the store: rows here are 0 wide."""
+        return np.zeros(np.asarray(ids).size, dtype=bool)
+
     def gather(self, ids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None, spare: bool = False):
         ids = np.asarray(ids, dtype=np.int64)
         rows = out if out is not None else np.empty((ids.size, 0), np.float32)
