@@ -10,6 +10,14 @@ a local numpy gather of R random rows of its own, interleaved rep by rep so mach
 both alike, and prints the ratio. Target (issue 3): on-node remote gather >= 0.5x local.
 ``--feature-dtype`` stores the (float) features in that type, lossily for the compact ones: it
 measures moving rows of that size, both gathers widening them to float32.
+
+    mpiexec -n 3 python -m mpi4py bench/feature_gather.py --calibrate [--reps 5]
+
+measures, in one 3-rank job, every rank a node (run it behind ``python -m rudder.netem`` for a
+shaped link, as bench/calibrate_machine.py does), what the simulator's machine profile needs of a
+Get between nodes: rank 0 reads rank 1's rows; the round trip of a one-row read, alone and while
+rank 2 reads bulk rows of rank 1 over the link; the bandwidth of large indexed reads; and the
+cost of one Get call (many small rows read one Get per row). Rank 0 prints one JSON line of medians.
 """
 from __future__ import annotations
 
@@ -89,6 +97,80 @@ def worker(a) -> None:
                           "busy_owner_s": busy}))
 
 
+def calibrate(a) -> None:
+    """The figures a machine profile takes from Gets (bench/calibrate_machine.py): rank 0 reads
+    from rank 1 (another node), one measurement at a time, medians of ``reps``."""
+    import numpy as np
+    from mpi4py import MPI
+
+    sys.path.insert(0, REPO)
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+    from rudder.comm.layout import build_layout
+    from rudder.data.feature_store import FeatureStore
+    from rudder.data.partition_store import PartitionMeta
+
+    comm = MPI.COMM_WORLD
+    stores = {}
+    for name, dim in (("wide", 1024), ("narrow", 16)):  # 4 KiB rows for bandwidth, 64 B rows for calls
+        out = os.path.join(a.workdir, name)
+        if comm.rank == 0:
+            spec = f"synthetic:sbm:nodes=20000,blocks=8,avg_degree=4,feat_dim={dim},seed=0"
+            partition_graph(load_spec(spec), comm.size, out, method="random", force=True, feature_dtype="float32")
+        comm.Barrier()
+        meta = PartitionMeta.load(out)
+        for gets in ("indexed", "runs"):
+            stores[name, gets] = FeatureStore(build_layout(meta.num_parts), meta, out, gets=gets), meta
+    rng = np.random.default_rng(comm.rank)
+
+    def timed(key, rows: int, consecutive: bool = False) -> float:
+        """Rank 0 reads ``rows`` of rank 1's rows (distinct and spread, or one run); seconds."""
+        store, meta = stores[key]
+        lo, hi = meta.offsets[1], meta.offsets[2]
+        ids = lo + (np.arange(rows) if consecutive else np.sort(rng.choice(hi - lo, rows, replace=False)))
+        if rows > 1 and not consecutive:
+            ids = ids[np.flatnonzero(np.diff(ids, prepend=-2) > 1)]  # no two adjacent: one Get per row by runs
+        t = time.perf_counter()
+        store.gather(ids)
+        return time.perf_counter() - t, int(ids.size)
+
+    def median(key, rows, consecutive=False):
+        took = []
+        for _ in range(a.reps):
+            comm.Barrier()
+            if comm.rank == 0:
+                took.append(timed(key, rows, consecutive))
+            comm.Barrier()
+        return (float(np.median([t for t, _ in took])), took[0][1]) if took else (0.0, 0)
+
+    small = float(np.median([median(("narrow", "indexed"), 1)[0] for _ in range(4)]))
+    big_rows = 6000  # 23 MiB of 4 KiB rows (a third of 20,000 rows are rank 1's)
+    big, _ = median(("wide", "indexed"), big_rows, consecutive=True)
+    few, n_few = median(("narrow", "runs"), 200)
+    many, n_many = median(("narrow", "runs"), 4000)
+    # the round trip while rank 2 reads bulk rows of rank 1 over the same link (a queue to wait
+    # in, not the bulk read's own connection), during the first half of the bulk read
+    loaded = []
+    store, meta = stores["wide", "indexed"]
+    for _ in range(a.reps):
+        comm.Barrier()
+        if comm.rank == 2:
+            store.gather(meta.offsets[1] + np.arange(big_rows))
+        elif comm.rank == 0:
+            t0 = time.perf_counter()
+            took = []
+            while time.perf_counter() - t0 < big / 2:
+                took.append(timed(("narrow", "indexed"), 1)[0])
+            loaded += took[1:]
+        comm.Barrier()
+    for store, _ in stores.values():
+        store.close()
+    if comm.rank == 0:
+        print(json.dumps({"small_get_s": small, "loaded_small_get_s": float(np.median(loaded)) if loaded else None,
+                          "bulk_bytes": big_rows * 4096, "bulk_s": big, "runs": [[n_few, few], [n_many, many]],
+                          "runs_row_bytes": 64, "reps": a.reps}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10000)
@@ -97,8 +179,17 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=200000)
     ap.add_argument("--feature-dtype", default="float32", help="storage type of the rows (default float32)")
     ap.add_argument("--owner-busy", type=float, default=0.3, help="seconds the owner computes (0: skip that part)")
+    ap.add_argument("--calibrate", action="store_true", help="the machine profile's Get figures (above)")
     add_worker_flags(ap)
     a = ap.parse_args()
+    if a.calibrate:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as work:  # the same directory on both ranks: one host
+            from mpi4py import MPI
+
+            a.workdir = a.workdir or MPI.COMM_WORLD.bcast(work, root=0)
+            return calibrate(a)
     if a.worker:
         return worker(a)
     print(f"{a.rows} random rows x {a.dim} stored as {a.feature_dtype} per gather, {a.reps} reps, 2 ranks, "

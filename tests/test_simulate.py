@@ -5,6 +5,7 @@ modelled times for any partition count."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, run_train
+from conftest import BUNDLED_CORA, REPO, run_train, train_command
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +116,55 @@ def test_bad_input_is_one_line(cora8, args, expected):
     proc = simulate("--data", cora8, *args)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def cora2(tmp_path_factory):
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+
+    parts = str(tmp_path_factory.mktemp("cora2") / "parts")
+    partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 2, parts, method="metis", seed=0)
+    return parts
+
+
+def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path):
+    """A local run without overlap gives the CPU figures (rudder.sim.calibration); with a link
+    from the shaping (here written by hand: the shaped one below picks by its netem.json),
+    --validate prints the predicted against the measured epoch time, rows still exact."""
+    from rudder.netem.namespaces import support_problem
+    from rudder.sim.calibration import fit_cpu
+    from rudder.sim.machine import Machine, save_profile
+
+    flags = ("--epochs", "3", "--batch-size", "16", "--seed", "1", "--eval-every", "0", "--progress", "none")
+    local = str(tmp_path / "local")
+    proc = run_train(2, "--data", cora2, "--run-dir", local, "--no-overlap", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cpu = fit_cpu([local], cores=2)
+    assert cpu["cores"] == 2 and cpu["flops"] > 0 and all(v >= 0 for k, v in cpu.items() if k != "calibration")
+    assert cpu["calibration"]["fits"]["step_overhead"]["minibatches"] > 0
+    cpu.pop("calibration")
+    link = dict(latency=1e-4, loaded_latency=2e-4, get_call=5e-6, node_bandwidth=5e9, ranks_per_node=1)
+    machines = [Machine(name="host-local", bandwidth=1e9, links="per-trainer", **link, **cpu)]
+    machines += [Machine(name=f"host-{r}", bandwidth=b / 8, links="shared", rate=r, rate_bit=b, **link, **cpu)
+                 for r, b in (("1gbit", 1e9), ("250mbit", 2.5e8))]
+    profile = str(tmp_path / "profile.json")
+    save_profile(profile, machines)
+    out = tmp_path / "validate.json"
+    ok = simulate("--validate", local, "--machine", profile, "--workers", "1", "--out", out)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ", match " in ok.stdout and "predicted/measured" in ok.stdout and "on host-local" in ok.stdout, ok.stdout
+    e = json.loads(out.read_text())["epoch_time"]
+    assert e["epochs"] == [1, 2] and e["predicted"] > 0 and e["ratio"] == pytest.approx(e["predicted"] / e["measured"])
+    assert e["measured"] == pytest.approx(float(np.median(e["measured_per_epoch"])))
+
+    if support_problem() is not None:
+        pytest.skip(f"no shaped network on this machine: {support_problem()}")
+    shaped = str(tmp_path / "shaped")
+    os.makedirs(shaped)
+    proc = subprocess.run([sys.executable, "-m", "rudder.netem", "--rate", "250mbit", "--stats", f"{shaped}/netem.json",
+                           "--", *train_command(2, "--data", cora2, "--run-dir", shaped, "--overwrite", *flags)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ok = simulate("--validate", shaped, "--machine", profile, "--workers", "1")
+    assert ok.returncode == 0 and ", match " in ok.stdout and "on host-250mbit" in ok.stdout, ok.stdout + ok.stderr

@@ -2,7 +2,7 @@
 
     python -m rudder.simulate --data PARTS [--policies none,static,fixed,lookahead,heuristic] [--epochs 3]
         [--batch-size B] [--fanouts 10,25] [--buffer-fraction 0.25] [--machine perlmutter-gpu] [--out FILE.json]
-    python -m rudder.simulate --validate RUN
+    python -m rudder.simulate --validate RUN [--machine PROFILE.json] [--out FILE.json]
 
 Run options are drivers/train.py's own (the same declarations, ``rudder.train.config``), with
 the simulator's defaults: 3 epochs, and agent answers applied one minibatch after their request.
@@ -19,17 +19,17 @@ import time
 from rudder.data.partition_store import PartitionFormatError
 from rudder.logs.reader import LogError
 from rudder.prefetch.policies import POLICIES
-from rudder.sim.machine import MACHINES
+from rudder.sim.machine import MACHINES, MachineError, parse_rate, resolve
 from rudder.sim.simulate import __doc__ as SIMULATOR_DOC
 from rudder.sim.simulate import simulate, summarize, table
 from rudder.sim.transport import Graph
-from rudder.sim.validate import validate
+from rudder.sim.validate import validate_run
 from rudder.train import options
 from rudder.train.config import ConfigError, TrainConfig
 
 SECTIONS = ("model", "sampling", "training", "buffer", "agent")
 DEFAULTS = {"epochs": 3, "agent_latency": 1}
-NOT_SIMULATED = ("prefetch_depth", "eval_every", "eval_batch_size", "device", "collect_traces", "replay", "agent_delay",
+NOT_SIMULATED = ("eval_every", "eval_batch_size", "device", "collect_traces", "replay", "agent_delay",
                  "agent_cores")
 
 
@@ -40,8 +40,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--validate", metavar="RUN", help="re-simulate a drivers/train.py run and compare its logs")
     ap.add_argument("--policies", default="none,static,fixed,lookahead,heuristic",
                     help="comma-separated policies (--policy of train.py); LABEL=POLICY:FLAG=V:... sets per-policy flags")
-    ap.add_argument("--machine", default="perlmutter-gpu", choices=[*MACHINES, "none"],
-                    help="the time model (docs/simulator.md); none: rows only")
+    ap.add_argument("--machine", default=None, metavar="NAME|FILE",
+                    help=f"the time model (docs/simulator.md): {', '.join(MACHINES)} (default with --data: "
+                         "perlmutter-gpu), a profile file of bench/calibrate_machine.py, or none: rows only; "
+                         "with --validate, also compare the predicted epoch time")
+    ap.add_argument("--rate", default=None, help="the rate whose machine a profile file gives (with --data; "
+                    "--validate takes the run's, from RUN/netem.json)")
     ap.add_argument("--ranks-per-node", type=int, default=0, help="trainers per node (default: the machine's)")
     ap.add_argument("--feat-dim", type=int, default=0,
                     help="feature width for bytes and flops (default: the data's; bytes a row by the data's storage type)")
@@ -83,25 +87,39 @@ def parse_policies(text: str, base: TrainConfig) -> dict[str, dict]:
 
 def main(argv=None) -> int:
     args = vars(parser().parse_args(argv))
-    sim = {k: args.pop(k) for k in ("data", "validate", "policies", "machine", "ranks_per_node", "feat_dim", "workers", "out")}
+    sim = {k: args.pop(k) for k in ("data", "validate", "policies", "machine", "rate", "ranks_per_node", "feat_dim",
+                                    "workers", "out")}
     try:
         if sim["validate"]:
             t = time.time()
-            compared, bad = validate(sim["validate"], sim["workers"])
+            named = sim["machine"] if sim["machine"] not in (None, "none") else None
+            report = validate_run(sim["validate"], sim["workers"], named)
+            bad = report["mismatches"]
             for line in bad[:20]:
                 print(line)
             verdict = "MISMATCH" if bad else "match"
-            print(f"{sim['validate']}: {compared} minibatches compared, {verdict} ({time.time() - t:.1f} s)")
+            print(f"{sim['validate']}: {report['compared']} minibatches compared, {verdict} ({time.time() - t:.1f} s)")
+            if "epoch_time" in report:
+                e = report["epoch_time"]
+                print(f"epoch time (median of epochs {', '.join(str(x + 1) for x in e['epochs'])}): measured "
+                      f"{e['measured']:.3f} s, predicted {e['predicted']:.3f} s on {e['machine']}, predicted/measured "
+                      f"{e['ratio']:.3f}")
+            elif "epoch_time_skipped" in report:
+                print(f"epoch time not compared: {report['epoch_time_skipped']}")
+            if sim["out"]:
+                with open(sim["out"], "w") as f:
+                    json.dump({"run": sim["validate"], **report}, f, indent=1)
             return 1 if bad else 0
         if not sim["data"]:
             raise ConfigError("--data: expected a partition directory (or --validate RUN)")
+        rate_bit = parse_rate(sim["rate"]) if sim["rate"] else None
+        machine = None if sim["machine"] == "none" else resolve(sim["machine"] or "perlmutter-gpu", rate_bit)
         values = {**DEFAULTS, **{k: v for k, v in args.items() if v is not None}}
         base = TrainConfig.from_flat({**values, "data": os.path.abspath(sim["data"]), "run_dir": "(simulated)"})
         options.check_options(base)
         if base.agent.latency < 1:
             raise ConfigError(f"--agent-latency {base.agent.latency}: expected a positive number of minibatches")
         policies = parse_policies(sim["policies"], base)
-        machine = None if sim["machine"] == "none" else MACHINES[sim["machine"]]
         if machine is not None and sim["ranks_per_node"]:
             machine = dataclasses.replace(machine, ranks_per_node=sim["ranks_per_node"])
         t = time.time()
@@ -109,14 +127,14 @@ def main(argv=None) -> int:
         epochs = base.training.epochs
         print(f"{graph.meta.dataset}: {graph.meta.num_nodes:,} nodes, {graph.meta.num_edges:,} edges, "
               f"{graph.meta.num_parts} partitions (read in {time.time() - t:.1f} s); {epochs} epochs; "
-              f"policies {', '.join(policies)}; machine {sim['machine']}", flush=True)
+              f"policies {', '.join(policies)}; machine {machine.name if machine else 'none'}", flush=True)
 
         def progress(done, total):
             if done == total or done % max(1, total // 10) == 0:
                 print(f"  {done}/{total} trainers simulated ({time.time() - t:.0f} s)", flush=True)
 
         result = simulate(base, policies, machine, sim["feat_dim"] or None, sim["workers"], graph, progress)
-        summary = summarize(result, epochs, machine)
+        summary = summarize(result, epochs, machine, base.sampling.prefetch_depth)
         summary.update(data=base.data.path, dataset=graph.meta.dataset, config=json.loads(base.to_json()),
                        seconds=time.time() - t)
         print(f"{summary['parts']} trainers, {summary['steps_per_epoch']} steps/epoch of {summary['batch_size']} seeds; "
@@ -126,6 +144,6 @@ def main(argv=None) -> int:
             with open(sim["out"], "w") as f:
                 json.dump(summary, f, indent=1)
         return 0
-    except (ConfigError, PartitionFormatError, LogError) as e:
+    except (ConfigError, PartitionFormatError, LogError, MachineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

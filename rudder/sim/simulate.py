@@ -13,14 +13,11 @@ own code) whose answer is applied ``--agent-latency`` minibatches after the requ
 run with the same ``--agent-latency`` does; a run without one applied answers whenever they
 arrived, so ``--validate`` replays its replacements to check its buffer mechanics exactly.
 
-Times are modelled, not measured (``docs/simulator.md``); per minibatch and trainer:
-  comm    = alpha x (owners read off-node) + bytes off-node / beta + bytes on-node / beta_node,
-            for the sampler's CSR reads and for the feature fetch (misses and refills);
-  compute = GraphSAGE forward+backward flops / rate + a fixed cost per step;
-a step takes the slowest trainer's comm + compute (``no overlap``), or its max(comm, compute)
-(``overlap``: the pipeline prepares the next minibatch during this one's compute), plus a ring
-allreduce of the gradients; an epoch is the sum of its steps, and the epoch time is the
-median over epochs 2..E (``rudder.logs.metrics``).
+Times are modelled, not measured (``rudder.sim.timing``, docs/simulator.md): per minibatch and
+trainer the sampling, assembly and block CPU, the latency and calls of its reads and its off-node
+bytes over links shared as the machine's are, then forward+backward; the pipeline overlaps the
+next minibatch's preparation with this one's step (or not, at depth 0), and the trainers meet in
+every step's allreduce. The epoch time is the median over epochs 2..E (``rudder.logs.metrics``).
 
     python -m rudder.simulate --data PARTS [--policies none,static,fixed,lookahead,heuristic] [--epochs 3]
         [--batch-size B] [--fanouts 10,25] [--buffer-fraction 0.25] [--machine perlmutter-gpu] [--out FILE.json]
@@ -45,7 +42,8 @@ from rudder.prefetch.policies import PolicyContext, make_policy
 from rudder.prefetch.vip import fill_ranking
 from rudder.sampling.neighbors import NeighborSampler
 from rudder.sampling.schedule import minibatch_schedule
-from rudder.sim.machine import Machine, allreduce_seconds, sage_flops
+from rudder.sim import timing
+from rudder.sim.machine import Machine, sage_flops
 from rudder.sim.transport import CountedStore, Graph, MemoryLog, ModelledLink, SimulatedAdjacency
 from rudder.train.config import TrainConfig
 
@@ -59,9 +57,12 @@ class Sampled:
     input_nodes: np.ndarray
     input_remote: np.ndarray
     input_halo: np.ndarray
-    sample_seconds: np.ndarray  # modelled CSR reads
+    sample_seconds: np.ndarray  # modelled Get calls of the CSR reads (their round trips and bytes: below)
+    adjacency_rounds: np.ndarray
     adjacency_rows_remote: np.ndarray
-    compute_seconds: np.ndarray  # modelled forward + backward
+    adjacency_bytes_remote: np.ndarray
+    edges: np.ndarray  # sampled edges, all layers
+    flops: np.ndarray  # GraphSAGE forward + backward
 
 
 def steps_and_batch(cfg: TrainConfig, graph: Graph) -> tuple[int, int]:
@@ -71,20 +72,24 @@ def steps_and_batch(cfg: TrainConfig, graph: Graph) -> tuple[int, int]:
 
 
 def sample_trainer(graph: Graph, cfg: TrainConfig, part: int, machine: Machine | None, widths: list[int]) -> Sampled:
+    """One trainer's minibatches: their counts, reads priced by ``machine`` (``SimulatedReads``)."""
     p = graph.parts[part]
     steps, _ = steps_and_batch(cfg, graph)
     seed = cfg.training.seed
-    sampler = NeighborSampler(SimulatedAdjacency(graph, part, machine, 0), cfg.sampling.fanouts, seed=[seed, part])
+    adjacency = SimulatedAdjacency(graph, part, machine, 0)
+    sampler = NeighborSampler(adjacency, cfg.sampling.fanouts, seed=[seed, part])
     halo = np.sort(p.halo_nodes)
     rows = []
     train = p.node_start + np.flatnonzero(p.train_mask)
     for epoch, step, seeds in minibatch_schedule(seed, part, train, lambda order: order, steps, cfg.training.epochs):
+        rounds = adjacency.rounds
         mb = sampler.sample(seeds, key=(epoch, step))
         remote = mb.input_nodes[graph.meta.owner_of(mb.input_nodes) != part]
         flops = sage_flops(mb.layers, widths) if seeds.size else 0.0
         rows.append((epoch, step, mb.input_nodes, mb.input_nodes.size, remote.size,
-                     int(np.isin(remote, halo, assume_unique=True).sum()), mb.stats.seconds_remote, mb.stats.rows_remote,
-                     (flops / machine.flops + machine.step_overhead) if machine else 0.0))
+                     int(np.isin(remote, halo, assume_unique=True).sum()), mb.stats.seconds_remote, adjacency.rounds - rounds,
+                     mb.stats.rows_remote,
+                     mb.stats.bytes_remote, sum(layer.src.size for layer in mb.layers), flops))
     cols = list(zip(*rows))
     return Sampled(np.array(cols[0]), np.array(cols[1]), list(cols[2]), *(np.array(c) for c in cols[3:]))
 
@@ -96,7 +101,8 @@ def facts_of(graph: Graph, cfg: TrainConfig, part: int, capacity: int, limits=No
                          capacity, limits)
 
 
-COLUMNS = ("rows_fetched", "rows_rma", "bytes_rma", "hits", "misses", "refills", "candidates", "replaced", "fetch_seconds")
+COLUMNS = ("rows_fetched", "rows_rma", "bytes_rma", "hits", "misses", "refills", "candidates", "replaced", "fetch_seconds",
+           "fetch_rounds", "decisions_at")
 
 
 def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, machine: Machine | None,
@@ -109,7 +115,8 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
     train = p.node_start + np.flatnonzero(p.train_mask)  # the trainer's seeds (--partition-mode trainer)
     ranking = fill_ranking(settings, policy, SimulatedAdjacency(graph, part, None, 0), train, train.size / steps,
                            cfg.sampling.fanouts)
-    features = feature_source(CountedStore(graph, part, machine, row_bytes), policy, settings, p, graph.meta.num_nodes,
+    store = CountedStore(graph, part, machine, row_bytes, cfg.data.rma_gets)
+    features = feature_source(store, policy, settings, p, graph.meta.num_nodes,
                               np.random.default_rng([cfg.training.seed, 2, part]), ranking=ranking)
     fill = features.fill()
     capacity = features.buffer.capacity if features.buffer is not None else 0
@@ -121,6 +128,7 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
     window = policy.lookahead
     try:
         for i, nodes in enumerate(sampled.inputs):
+            rounds = store.rounds
             _, a = features.assemble(nodes, sampled.inputs[i + 1:i + 1 + window] if window else [])
             f = a.fetch
             out["rows_fetched"][i] = f.rows_shared + f.rows_remote
@@ -130,11 +138,14 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
                 out[c][i] = getattr(a, c)
             out["replaced"][i] = a.replaced
             out["fetch_seconds"][i] = f.seconds_remote
+            out["fetch_rounds"][i] = store.rounds - rounds
     finally:
         policy.close()
         if service is not None:
             service.decider.close()
     decisions = service.log.tables.get("decisions", []) if service is not None else []
+    at = np.array([d["minibatch"] for d in decisions], dtype=np.int64)
+    out["decisions_at"][:] = np.bincount(at[at < len(sampled.inputs)], minlength=len(sampled.inputs))
     return {**out, "fill_rows": fill.rows_shared + fill.rows_remote, "capacity": capacity, "decisions": len(decisions)}
 
 
@@ -181,41 +192,36 @@ def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | Non
             "policies": {label: {p: r[1][label] for p, r in sorted(results.items())} for label in policies}}
 
 
-def summarize(result: dict, epochs: int, machine: Machine | None) -> dict:
+def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1) -> dict:
     """Per policy: remote rows fetched per epoch (all trainers, over the timed epochs), the
-    initial fill, hit %, decisions, and modelled epoch seconds with and without overlap."""
+    initial fill, hit %, decisions, and modelled epoch seconds without overlap and with the
+    pipeline ``depth`` (at least 1)."""
     parts, steps = result["parts"], result["steps_per_epoch"]
-    sampled = result["sampled"]
+    sampled = [result["sampled"][p] for p in range(parts)]
     epoch_of = sampled[0].epoch  # the same schedule shape on every trainer
     timed = metrics.timed_epochs(list(range(epochs)))
     later = np.isin(epoch_of, timed)
-    sample_t = np.stack([sampled[p].sample_seconds for p in range(parts)])
-    compute_t = np.stack([sampled[p].compute_seconds for p in range(parts)])
-    allreduce = allreduce_seconds(result["params"], parts, machine) if machine else 0.0
-
-    def epoch_seconds(per_step: np.ndarray) -> float:
-        return metrics.epoch_time([per_step[epoch_of == e].sum() for e in timed])
-
+    sync = timing.allreduce_seconds(result["params"], parts, machine) if machine else 0.0
     out = {}
     for label, per_part in result["policies"].items():
-        cols = {c: np.stack([per_part[p][c] for p in range(parts)]) for c in COLUMNS}
-        rows = {"input_remote": np.stack([sampled[p].input_remote for p in range(parts)]),
-                "hits": cols["hits"], "refills": cols["refills"]}
+        fetched = [per_part[p] for p in range(parts)]
+        cols = {c: np.stack([f[c] for f in fetched]) for c in COLUMNS}
+        rows = {"input_remote": np.stack([s.input_remote for s in sampled]), "hits": cols["hits"], "refills": cols["refills"]}
         row = {"rows_per_epoch": float(metrics.remote_rows_fetched(rows)[:, later].sum() / len(timed)),
                "rows_off_node_per_epoch": float(cols["rows_rma"][:, later].sum() / len(timed)),
-               "fill_rows": int(sum(per_part[p]["fill_rows"] for p in range(parts))),
+               "fill_rows": int(sum(f["fill_rows"] for f in fetched)),
                "hit_percent": metrics.hit_percent(int(cols["hits"].sum()), int(cols["misses"].sum())),
-               "replacements": int(cols["replaced"].sum()), "decisions": int(sum(per_part[p]["decisions"] for p in range(parts)))}
+               "replacements": int(cols["replaced"].sum()), "decisions": int(sum(f["decisions"] for f in fetched))}
         if machine is not None:
-            comm = sample_t + cols["fetch_seconds"]
-            serial = (comm + compute_t).max(axis=0) + allreduce
-            overlap = np.maximum(comm, compute_t).max(axis=0) + allreduce
-            row["epoch_seconds"] = epoch_seconds(serial)
-            row["epoch_seconds_overlap"] = epoch_seconds(overlap)
-            row["comm_share"] = float((comm.max(axis=0)[later]).sum() / max(1e-12, serial[later].sum()))
+            serial = timing.epoch_time(timing.step_costs(machine, sampled, fetched, result["feat_dim"], 0), sync, 0,
+                                       epoch_of, epochs)
+            costs = timing.step_costs(machine, sampled, fetched, result["feat_dim"], max(1, depth))
+            row["epoch_seconds"] = serial["seconds"]
+            row["epoch_seconds_overlap"] = timing.epoch_time(costs, sync, max(1, depth), epoch_of, epochs)["seconds"]
+            row["comm_share"] = serial["comm_share"]
         out[label] = row
     return {"parts": parts, "steps_per_epoch": steps, "batch_size": result["batch_size"], "feat_dim": result["feat_dim"],
-            "epochs_counted": "2.." + str(epochs) if epochs > 1 else "1", "allreduce_seconds": allreduce,
+            "epochs_counted": "2.." + str(epochs) if epochs > 1 else "1", "allreduce_seconds": sync,
             "machine": dataclasses.asdict(machine) if machine else None, "policies": out}
 
 

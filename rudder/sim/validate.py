@@ -1,20 +1,65 @@
-"""``python -m rudder.simulate --validate RUN``: re-simulate a run of drivers/train.py from its
-logs and compare every minibatch's counts, which must be equal exactly (the RMA rows and bytes
-too when every trainer was a node of its own, as the simulation without a machine is)."""
+"""``python -m rudder.simulate --validate RUN [--machine PROFILE]``: re-simulate a run of
+drivers/train.py from its logs and compare every minibatch's counts, which must be equal exactly
+(the RMA rows and bytes too when every trainer was a node of its own, as the simulation without
+a machine is); with a machine, also the predicted epoch time against the measured one (both as
+``rudder.logs.metrics`` defines it). A run made behind ``python -m rudder.netem`` has its
+shaping in RUN/netem.json (the tool's --stats, as bench/evaluate.py and bench/simulator_time.py
+write it): it picks the profile's machine for that rate and topology."""
 from __future__ import annotations
+
+import dataclasses
+import json
+import os
 
 import numpy as np
 
+from rudder.logs import metrics
 from rudder.logs.reader import load_run
 from rudder.prefetch.policies import POLICIES
+from rudder.sim import timing
+from rudder.sim.machine import resolve
 from rudder.sim.simulate import simulate
 from rudder.train.config import ConfigError, TrainConfig
 
 COMPARED = ("input_nodes", "input_remote", "input_halo", "hits", "misses", "refills", "replaced", "candidates")
+NETEM_STATS = "netem.json"
+HOST_LOAD = "host_load.json"  # other jobs' runnable threads when the run started (bench/simulator_time.py)
+
+
+def background_load(run_dir: str) -> float | None:
+    """Other jobs' runnable threads on the host when the run started, if RUN/host_load.json says."""
+    path = os.path.join(run_dir, HOST_LOAD)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return float(json.load(f)["background_runnable"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--validate {run_dir}: {path} holds no background_runnable number ({e})") from None
+
+
+def shaping(run_dir: str) -> tuple[float, str | None, int | None]:
+    """(rate in bit/s, 0 for an unshaped run; topology; emulated nodes) from RUN/netem.json."""
+    path = os.path.join(run_dir, NETEM_STATS)
+    if not os.path.exists(path):
+        return 0.0, None, None
+    try:
+        with open(path) as f:
+            stats = json.load(f)
+        return float(stats["rate_bit"]), stats["topology"], int(stats["nodes"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--validate {run_dir}: {path} is not python -m rudder.netem's --stats ({e})") from None
 
 
 def validate(run_dir: str, workers: int = 1) -> tuple[int, list[str]]:
     """(minibatches compared, mismatches)."""
+    report = validate_run(run_dir, workers)
+    return report["compared"], report["mismatches"]
+
+
+def validate_run(run_dir: str, workers: int = 1, machine_name: str | None = None) -> dict:
+    """{"compared": minibatches compared, "mismatches": [...], "epoch_time": {...} with a machine
+    (or "epoch_time_skipped": why not)}."""
     run = load_run(run_dir)
     cfg = TrainConfig.from_flat(run.config, f"--validate {run_dir}", strict=False)
     if cfg.data.partition_mode != "trainer" or cfg.buffer.sharing != "trainer":
@@ -25,7 +70,19 @@ def validate(run_dir: str, workers: int = 1) -> tuple[int, list[str]]:
         overrides = {"policy": "replay", "replay": run_dir, "classifier_model": "", "collect_traces": False}
     if cfg.buffer.collect_traces:
         overrides["collect_traces"] = False
-    result = simulate(cfg, {cfg.buffer.policy: overrides}, None, workers=workers)
+    layout = run.ranks[0].layout
+    trainers, nodes = layout["num_trainers"], layout["num_nodes"]
+    machine, report = None, {}
+    if machine_name:
+        rate_bit, links, _ = shaping(run_dir)
+        machine = resolve(machine_name, rate_bit, links)
+        if nodes in (1, trainers):  # rank r is on node r % nodes: the simulator's consecutive nodes then agree
+            machine = dataclasses.replace(machine, ranks_per_node=trainers // nodes)
+        else:
+            report["epoch_time_skipped"] = (f"{trainers} trainers on {nodes} nodes (rank r on node r % {nodes}): the "
+                                            "simulator puts consecutive partitions on a node")
+            machine = None
+    result = simulate(cfg, {cfg.buffer.policy: overrides}, machine, workers=workers)
     per_part = result["policies"][cfg.buffer.policy]
     compared, bad = 0, []
     for r in run.ranks:
@@ -51,4 +108,33 @@ def validate(run_dir: str, workers: int = 1) -> tuple[int, list[str]]:
                 bad.append(f"trainer {part} epoch {mb['epoch'][i]} step {mb['step'][i]}: {c} {theirs[c][i]} logged, "
                            f"{ours[c][i]} simulated ({diff.size} minibatches differ)")
         compared += n
-    return compared, bad
+    report.update(compared=compared, mismatches=bad)
+    if machine is not None:
+        report["epoch_time"] = compare_epoch_time(run, cfg, result, machine)
+    return report
+
+
+def compare_epoch_time(run, cfg: TrainConfig, result: dict, machine) -> dict:
+    """Predicted and measured epoch time over the epochs every trainer completed, and the
+    measured share of the epoch the training thread waited for its inputs."""
+    tables = [r.epochs for r in run.ranks]
+    done = metrics.complete_epochs(tables)
+    timed = metrics.timed_epochs(done)
+    parts = result["parts"]
+    sampled = [result["sampled"][p] for p in range(parts)]
+    fetched = [result["policies"][cfg.buffer.policy][p] for p in range(parts)]
+    background = background_load(run.path)
+    costs = timing.step_costs(machine, sampled, fetched, result["feat_dim"], cfg.sampling.prefetch_depth, background)
+    sync = timing.allreduce_seconds(result["params"], parts, machine)
+    predicted = timing.epoch_time(costs, sync, cfg.sampling.prefetch_depth, sampled[0].epoch, cfg.training.epochs)
+    measured = metrics.run_epoch_time(tables)
+    guess = metrics.epoch_time([predicted["per_epoch"][e] for e in timed])
+    slowest = metrics.slowest_seconds(tables, timed)
+    waited = max(metrics.per_epoch([r.minibatches], "t_wait", timed).sum() for r in run.ranks)
+    return {"measured": measured, "predicted": guess, "ratio": guess / measured if measured else None,
+            "epochs": timed, "measured_per_epoch": slowest.tolist(),
+            "predicted_per_epoch": [predicted["per_epoch"][e] for e in timed],
+            "wait_share": float(waited / slowest.sum()) if slowest.sum() else None,
+            "predicted_comm_share": predicted["comm_share"], "machine": machine.name, "rate": machine.rate,
+            "links": machine.links, "depth": cfg.sampling.prefetch_depth,
+            "background": machine.background if background is None else background}

@@ -1,0 +1,96 @@
+"""Calibrating a machine profile for this host (bench/calibrate_machine.py; docs/simulator.md):
+the CPU costs of a step fitted on local unshaped runs, and the link's figures from the Get
+microbenchmark (``bench/feature_gather.py --calibrate``) under the shaping. Nothing here reads a
+shaped training run: a profile never sees the runs it predicts."""
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import nnls
+
+from rudder.logs import metrics
+from rudder.logs.reader import load_run
+from rudder.sim.simulate import simulate
+from rudder.sim.validate import background_load
+from rudder.train.config import ConfigError, TrainConfig
+
+# (profile fields, per-minibatch logged seconds, what they scale with); each a fit with intercept
+CPU_FITS = (
+    (("sample_step", "sample_edge"), ("t_sample",), "edges"),
+    (("assemble_step", "assemble_byte"), ("t_fetch",), "input_bytes"),
+    (("stage_step", "stage_edge"), ("t_copy",), "edges"),
+    (("step_overhead", "flops"), ("t_forward_backward", "t_update"), "flops"),
+)
+
+
+def run_counts(run_dir: str) -> tuple[dict, list[np.ndarray], int]:
+    """A local run's per-minibatch counts (simulated: they equal the run's) and its minibatch rows,
+    both over its timed epochs, trainer after trainer; and its pipeline depth."""
+    run = load_run(run_dir)
+    cfg = TrainConfig.from_flat(run.config, f"--compute-runs {run_dir}", strict=False)
+    layout = run.ranks[0].layout
+    if layout["num_nodes"] != 1 or layout["num_trainers"] != len(run.ranks):
+        raise ConfigError(f"--compute-runs {run_dir}: expected an unshaped run with every trainer on one node "
+                          f"(MPIR_CVAR_NUM_CLIQUES=1) and no agent (this one: {layout['num_trainers']} trainers on "
+                          f"{layout['num_nodes']} nodes, {len(run.ranks)} ranks)")
+    result = simulate(cfg, {cfg.buffer.policy: {}}, None)
+    timed = metrics.timed_epochs(metrics.complete_epochs([r.epochs for r in run.ranks]))
+    counts: dict[str, list] = {"edges": [], "input_bytes": [], "flops": []}
+    rows = []
+    for r in run.ranks:
+        s = result["sampled"][r.layout["partition_id"]]
+        mb = r.minibatches
+        keep = np.isin(mb["epoch"], timed)
+        counts["edges"].append(s.edges[:len(mb)][keep])
+        counts["input_bytes"].append(s.input_nodes[:len(mb)][keep] * result["feat_dim"] * 4.0)
+        counts["flops"].append(s.flops[:len(mb)][keep])
+        rows.append(mb[keep])
+    return {k: np.concatenate(v).astype(np.float64) for k, v in counts.items()}, rows, cfg.sampling.prefetch_depth
+
+
+def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """y ~ a + b x with a, b >= 0 (least squares)."""
+    (a, b), _ = nnls(np.stack([np.ones_like(x), x], axis=1), y)
+    return float(a), float(b)
+
+
+def fit_cpu(run_dirs: list[str], cores: int) -> dict:
+    """The profile's CPU figures, for one core, from local runs without overlap: every trainer
+    of such a run computes at the same time, beside other jobs' runnable threads (RUN/host_load.json,
+    else none), so each had ``cores / (trainers + background)`` of a core (at most one), and its
+    timers are scaled by that (``rudder.sim.timing.contention`` undoes it). ``background``: the
+    runs' mean, which the profile keeps."""
+    xs: dict[str, list] = {}
+    ys: dict[str, list] = {}
+    loads = []
+    for d in run_dirs:
+        counts, rows, depth = run_counts(d)
+        if depth:
+            raise ConfigError(f"--compute-runs {d}: expected a run with --no-overlap (each timer its own work)")
+        loads.append(background_load(d) or 0.0)
+        share = min(1.0, cores / (len(rows) + loads[-1]))
+        table = np.concatenate(rows)
+        for names, timers, scale in CPU_FITS:
+            xs.setdefault(names[0], []).append(counts[scale])
+            ys.setdefault(names[0], []).append(sum(table[t] for t in timers) * share)
+    out, used = {"cores": cores, "background": float(np.mean(loads))}, {}
+    for names, timers, scale in CPU_FITS:
+        x, y = np.concatenate(xs[names[0]]), np.concatenate(ys[names[0]])
+        a, b = fit_line(x, y)
+        if names[1] == "flops":
+            out[names[0]], out["flops"] = a, (1.0 / b if b > 0 else 1e30)
+        else:
+            out[names[0]], out[names[1]] = a, b
+        used[names[0]] = {"timers": list(timers), "per": scale, "minibatches": int(x.size),
+                          "mean_seconds_one_core": float(y.mean())}
+    out["calibration"] = {"compute_runs": list(run_dirs), "fits": used}
+    return out
+
+
+def link_figures(probe: dict) -> dict:
+    """The profile's link figures from one ``feature_gather.py --calibrate`` result."""
+    latency = probe["small_get_s"]
+    bandwidth = probe["bulk_bytes"] / max(1e-9, probe["bulk_s"] - latency)
+    (n_few, t_few), (n_many, t_many) = probe["runs"]
+    get_call = max(0.0, (t_many - t_few - (n_many - n_few) * probe["runs_row_bytes"] / bandwidth) / (n_many - n_few))
+    return {"latency": latency, "loaded_latency": probe.get("loaded_small_get_s") or latency, "bandwidth": bandwidth,
+            "get_call": get_call}

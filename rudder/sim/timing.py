@@ -1,0 +1,131 @@
+"""The simulator's time model: what each step of a run costs on a machine, and the pipeline that
+overlaps them (docs/simulator.md, "The time model").
+
+Per trainer r and minibatch i, from the counts the simulation made:
+  prepare[r, i] = sampling, assembly and block CPU + latency and Get calls of its reads (and of
+                  its agent requests) + its off-node bytes over its link, the link shared with
+                  the trainers that fetch in the same step (``link_seconds``);
+  train[r, i]   = forward + backward + optimiser: step_overhead + flops / flop rate;
+  sync[i]       = the gradient allreduce, after the slowest trainer's train.
+``pipeline_end`` replays ``rudder.prefetch.pipeline``: with depth 0 each minibatch is prepared
+after the previous step; with depth d a thread prepares ahead and blocks once d prepared
+minibatches wait in its queue. An epoch is the time between the ends of its last step and the
+previous epoch's; the epoch time is the median over epochs 2..E (``rudder.logs.metrics``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from rudder.logs import metrics
+from rudder.sim.machine import Machine
+
+AGENT_MESSAGE_BYTES = 1024  # a request and its answer, JSON of a few hundred bytes each
+
+
+def link_seconds(nbytes: np.ndarray, m: Machine) -> np.ndarray:
+    """(trainers, steps) off-node bytes -> seconds each trainer's bytes take to arrive.
+    per-trainer: every trainer its own link. shared: one link, fairly shared by the trainers
+    fetching at once (processor sharing from the step's start: a trainer's bytes are done when
+    every smaller fetch and as many bytes of each larger one have crossed). per-node: each node
+    receives on its own link, and the senders' links are taken as balanced, so a node waits for
+    its own bytes or for the mean node's, whichever is more."""
+    b = np.asarray(nbytes, dtype=np.float64)
+    if m.links == "per-trainer" or b.shape[0] < 2:
+        return b / m.bandwidth
+    if m.links == "shared":
+        order = np.argsort(b, axis=0, kind="stable")
+        s = np.take_along_axis(b, order, axis=0)
+        k = np.arange(b.shape[0])[:, None]
+        done = (np.cumsum(s, axis=0) - s + (b.shape[0] - k) * s) / m.bandwidth
+        out = np.empty_like(done)
+        np.put_along_axis(out, order, done, axis=0)
+        return out
+    node = np.arange(b.shape[0]) // m.ranks_per_node
+    per_node = np.stack([b[node == n].sum(axis=0) for n in range(node.max() + 1)])
+    return np.maximum(per_node[node], per_node.mean(axis=0)) / m.bandwidth
+
+
+def allreduce_seconds(params: int, trainers: int, m: Machine) -> float:
+    """Ring allreduce of float32 gradients: 2(p-1) latency steps and 2(p-1)/p of the bytes from
+    every trainer; over a shared link the trainers' bytes queue on the one link."""
+    if trainers < 2:
+        return 0.0
+    per_trainer = 2 * (trainers - 1) / trainers * 4 * params
+    on_link = per_trainer * (trainers if m.links == "shared" else m.ranks_per_node if m.links == "per-node" else 1)
+    return 2 * (trainers - 1) * m.latency + on_link / m.bandwidth
+
+
+def pipeline_end(prepare: np.ndarray, train: np.ndarray, sync: np.ndarray, depth: int) -> np.ndarray:
+    """When each step ends, (steps,): trainers (rows of ``prepare``, ``train``) meet in every
+    step's allreduce (``sync``). ``depth`` 0: prepare, then train; d >= 1: the producer starts a
+    minibatch once it handed the previous one over, which waits until fewer than d are queued."""
+    trainers, steps = prepare.shape
+    end = np.zeros(steps)
+    taken = np.zeros((trainers, steps))  # when the training thread took minibatch i
+    handed = np.zeros(trainers)  # when the producer handed its last minibatch over
+    last = 0.0
+    for i in range(steps):
+        if depth == 0:
+            ready = last + prepare[:, i]
+        else:
+            ready = handed + prepare[:, i]
+            if i >= depth:
+                ready = np.maximum(ready, taken[:, i - depth])
+            handed = ready
+        taken[:, i] = np.maximum(last, ready)
+        last = end[i] = float((taken[:, i] + train[:, i]).max() + sync[i])
+    return end
+
+
+def epoch_seconds(end: np.ndarray, epoch_of: np.ndarray, epochs: list[int]) -> list[float]:
+    """Each epoch's seconds: from the end of the previous epoch's last step to its own last."""
+    last = {e: float(end[epoch_of == e][-1]) for e in epochs}
+    return [last[e] - (last[e - 1] if e - 1 in last else 0.0) for e in epochs]
+
+
+def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, depth: int,
+               background: float | None = None) -> dict:
+    """(trainers, steps) arrays of a policy's prepare and train seconds at a pipeline depth:
+    ``sampled``: each trainer's ``Sampled``; ``fetched``: its replay columns; ``background``:
+    other jobs' runnable threads (default: the machine's)."""
+    def stack(rows, name):
+        return np.stack([getattr(r, name) if hasattr(r, name) else r[name] for r in rows]).astype(np.float64)
+
+    edges, decisions = stack(sampled, "edges"), stack(fetched, "decisions_at")
+    cpu_bytes = (stack(sampled, "input_nodes") - stack(fetched, "rows_rma")) * feat_dim * 4  # the rest came by RMA
+    cpu = (m.sample_step + m.sample_edge * edges + m.assemble_step + m.assemble_byte * cpu_bytes
+           + m.stage_step + m.stage_edge * edges)
+    train = m.step_overhead + stack(sampled, "flops") / m.flops
+    overlapped = depth > 0
+    # with overlap, other trainers' bulk reads fill the link while this one's small reads wait in its queue
+    loaded = overlapped and m.links != "per-trainer" and len(sampled) > 1 and m.loaded_latency
+    latency = m.loaded_latency if loaded else m.latency
+    rounds = stack(sampled, "adjacency_rounds") + stack(fetched, "fetch_rounds")
+    fixed = (stack(sampled, "sample_seconds") + stack(fetched, "fetch_seconds") + rounds * latency
+             + 2 * m.latency * decisions)
+    nbytes = stack(sampled, "adjacency_bytes_remote") + stack(fetched, "bytes_rma") + AGENT_MESSAGE_BYTES * decisions
+    comm = fixed + link_seconds(nbytes, m)
+    slowdown = contention(m, len(sampled), depth, m.background if background is None else background)
+    return {"prepare": cpu * slowdown + comm, "comm": comm, "train": train * slowdown}
+
+
+def contention(m: Machine, trainers: int, depth: int, background: float = 0.0) -> float:
+    """How much slower CPU work runs when the trainers' threads share ``m.cores`` (with
+    ``background`` runnable threads of other jobs): every thread that has work or waits in MPI
+    (which polls) is runnable, and the cores are shared evenly. Without overlap a trainer has one
+    thread; with it, its pipeline thread too."""
+    if not m.cores:
+        return 1.0
+    return max(1.0, (trainers * (2 if depth else 1) + background) / m.cores)
+
+
+def epoch_time(costs: dict, sync: float, depth: int, epoch_of: np.ndarray, epochs: int) -> dict:
+    """The modelled epoch time (``rudder.logs.metrics``' definition) at a pipeline depth, and
+    the share of its steps the slowest trainer spent reading remote data."""
+    timed = metrics.timed_epochs(list(range(epochs)))
+    end = pipeline_end(costs["prepare"], costs["train"], np.full(epoch_of.size, sync), depth)
+    per_epoch = epoch_seconds(end, epoch_of, list(range(epochs)))
+    later = np.isin(epoch_of, timed)
+    span = float(np.diff(np.concatenate([[0.0], end]))[later].sum())
+    return {"seconds": metrics.epoch_time([per_epoch[e] for e in timed]), "per_epoch": per_epoch,
+            "comm_share": float(costs["comm"].max(axis=0)[later].sum() / max(1e-12, span))}

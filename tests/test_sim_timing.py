@@ -1,0 +1,87 @@
+"""The simulator's time model (rudder.sim.timing) on hand-built cases, and machine profile files
+(rudder.sim.machine): a round trip, the machine picked by rate, and bad files as one line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from rudder.sim import timing
+from rudder.sim.machine import Machine, MachineError, load_profile, parse_rate, pick, resolve, save_profile
+
+HOST = dict(name="h", ranks_per_node=1, latency=0.01, bandwidth=1.0, node_bandwidth=10.0, flops=1.0,
+            step_overhead=0.0, links="shared")
+
+
+def test_serial_steps_add_up_and_overlapped_steps_take_the_longer_side():
+    prepare, train, sync = np.array([[1.0, 1, 1, 1]]), np.array([[2.0, 2, 2, 2]]), np.zeros(4)
+    assert timing.pipeline_end(prepare, train, sync, 0).tolist() == [3, 6, 9, 12]  # each step prepare + train
+    assert timing.pipeline_end(prepare, train, sync, 1).tolist() == [3, 5, 7, 9]  # the first prepare, then max
+    assert timing.pipeline_end(train, prepare, sync, 1).tolist() == [3, 5, 7, 9]  # pipeline-bound: the same
+    # two trainers meet in each step's allreduce: the slower one sets the step, the sync adds to it
+    two = timing.pipeline_end(np.array([[1.0, 1], [3, 3]]), np.array([[1.0, 1], [1, 1]]), np.array([0.5, 0.5]), 0)
+    assert two.tolist() == [4.5, 9.0]
+    # depth 1 lets the producer run one minibatch ahead of the queue, never more
+    end = timing.pipeline_end(np.array([[1.0, 1, 1, 1, 1]]), np.array([[10.0, 0, 0, 0, 0]]), np.zeros(5), 1)
+    assert end.tolist() == [11, 11, 11, 12, 13]  # minibatches 1 and 2 were prepared during step 0; 3 was not
+    assert timing.epoch_seconds(np.array([3.0, 6, 9, 12]), np.array([0, 0, 1, 1]), [0, 1]) == [6, 6]
+
+
+def test_links_divide_bandwidth_as_their_topology_does():
+    b = np.array([[1.0], [2.0], [3.0]])
+    own = timing.link_seconds(b, Machine(**{**HOST, "links": "per-trainer"}))
+    shared = timing.link_seconds(b, Machine(**HOST))
+    per_node = timing.link_seconds(b, Machine(**{**HOST, "links": "per-node"}))
+    assert own[:, 0].tolist() == [1, 2, 3]
+    assert shared[:, 0].tolist() == [3, 5, 6]  # fair sharing: the last done when all 6 bytes crossed
+    assert per_node[:, 0].tolist() == [2, 2, 3]  # its own bytes, or the mean sender's
+    assert timing.allreduce_seconds(100, 4, Machine(**HOST)) == pytest.approx(6 * 0.01 + 4 * 1.5 * 400)
+    assert timing.allreduce_seconds(100, 4, Machine(**{**HOST, "links": "per-trainer"})) == pytest.approx(
+        6 * 0.01 + 1.5 * 400)
+
+
+def test_a_profile_file_round_trips_and_picks_the_machine_of_a_rate(tmp_path):
+    one = Machine(**{**HOST, "rate": "1gbit", "rate_bit": 1e9, "get_call": 2e-5, "cores": 2,
+                     "calibration": {"probe": {"small_get_s": 0.01}}})
+    slow = Machine(**{**HOST, "name": "h250", "rate": "250mbit", "rate_bit": 2.5e8})
+    path = str(tmp_path / "p.json")
+    save_profile(path, [one, slow])
+    assert load_profile(path) == [one, slow] and load_profile(path)[0].calibration == one.calibration
+    assert resolve(path, parse_rate("250mbit"), "shared") == slow
+    assert resolve(path, 1e9) == one
+    with pytest.raises(MachineError, match="name one with --rate"):
+        resolve(path)
+    with pytest.raises(MachineError, match="not per-node"):
+        pick(path, [one, slow], 1e9, "per-node")
+    with pytest.raises(MachineError, match="unshaped"):
+        resolve(path, 0.0)  # an unshaped run has no machine in a shaped profile
+    with pytest.raises(MachineError, match="--rate '1 gigabit'"):
+        parse_rate("1 gigabit")
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("{not json", "not JSON"),
+    (json.dumps({"format": "other"}), "expected {\"format\": \"rudder-machine\""),
+    (json.dumps({"format": "rudder-machine", "machines": [{"name": "x"}]}), "missing bandwidth"),
+    (json.dumps({"format": "rudder-machine", "machines": [{**HOST, "bandwidth": -1}]}), "non-negative"),
+    (json.dumps({"format": "rudder-machine", "machines": [{**HOST, "links": "mesh"}]}), "links must be one of"),
+])
+def test_a_bad_profile_file_is_one_line(tmp_path, content, expected):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(MachineError, match="--machine .*bad.json") as e:
+        load_profile(str(path))
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_cli_says_what_is_wrong_with_a_profile_in_one_line(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"format": "rudder-machine", "machines": [{**HOST, "links": "mesh"}]}))
+    expected = "links must be one of"
+    proc = subprocess.run([sys.executable, "-m", "rudder.simulate", "--data", str(tmp_path), "--machine", str(path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
