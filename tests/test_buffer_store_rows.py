@@ -8,6 +8,7 @@ import pytest
 from rudder.comm.dist_array import DistributedArray
 from rudder.prefetch.assembly import CachedFeatures, UncachedFeatures
 from rudder.prefetch.buffers import BufferSettings
+from rudder.prefetch.policies import Lookahead
 from rudder.prefetch.window_buffer import WindowBuffer
 
 PART, DIM = 500, 8
@@ -43,7 +44,8 @@ def test_rows_left_to_the_store_change_nothing_but_copies(shared):
     settings = BufferSettings(fraction=0.25)
 
     def cached(store):
-        return CachedFeatures(store, WindowBuffer.build(settings, part, 4 * PART, DIM, rng), Never(), False)
+        policy = Lookahead(types.SimpleNamespace(buffer=types.SimpleNamespace(lookahead=4)))
+        return CachedFeatures(store, WindowBuffer.build(settings, part, 4 * PART, DIM, rng), policy, False)
 
     copying, leaving, plain = cached(Store(set())), cached(Store(shared)), UncachedFeatures(Store(set()))
     assert leaving.buffer.store_rows is not None and leaving.buffer.store_rows.sum() == \
@@ -56,14 +58,3 @@ def test_rows_left_to_the_store_change_nothing_but_copies(shared):
         assert (sl.hits, sl.misses, sl.evictions, vars(sl.fetch)) == (sc.hits, sc.misses, sc.evictions, vars(sc.fetch))
     assert copying.hit_total > 0
 
-
-class Never:
-    """The lookahead policy's part here: never asks for a replacement."""
-
-    asker = "policy"
-
-    def wants_replacement(self, view):
-        return False
-
-    def observe(self, view, refills):
-        pass
