@@ -155,8 +155,9 @@ def report(h: Harness, results: dict, command: str) -> str:
                          f"| {fmt(p['test_acc'], '.3f')} | {fmt(none['test_acc'], '.3f')} |")
         lines.append("")
     s = results["simulator"]
-    lines += ["## Simulator", "",
-              *fill("simulator", runs=s["runs"], minibatches=s["minibatches"], differ=len(s["mismatches"])), ""]
+    lines += ["## Simulator", "", *(["Validation skipped (`--no-validate`)."] if s.get("skipped") else
+                                     fill("simulator", runs=s["runs"], minibatches=s["minibatches"],
+                                          differ=len(s["mismatches"]))), ""]
     for m in s["mismatches"][:10]:
         lines.append(f"- {m}")
     scale = results.get("scale")
