@@ -14,7 +14,9 @@ model, sampling and shuffling, so anyone can run configurations and seeds we nev
 Per configuration (dataset, ranks, batch size, fanouts) the policies ``none-serial`` (no overlap)
 and ``none`` run once; per buffer fraction ``static``, ``fixed``, ``lookahead`` and the agent
 policies. Each trainer is an emulated node of its own (``MPIR_CVAR_NUM_CLIQUES``), so every remote
-row crosses RMA as between cluster nodes; agent policies add an agent rank per node. The fixed
+row crosses RMA as between cluster nodes; agent policies add an agent rank per node. A grid's
+``[network]`` table runs each configuration under ``python -m rudder.netem`` and each such run
+once more unshaped on one node, for its floor (docs/evaluation.md, "A shaped network"). The fixed
 runs also collect the classifiers' traces (``--collect-traces``): the classifiers train on the
 ``classifier.seen`` datasets' traces and are scored on the other datasets' (unseen) traces too.
 
@@ -63,14 +65,14 @@ def main(argv=None) -> int:
     for s in skipped:
         h.say(f"dataset skipped: {s}")
     json.dump({"grid": grid, "seed": a.seed, "command": command}, open(os.path.join(h.out, "grid.json"), "w"), indent=1)
-    t = time.time()
+    t, load = time.time(), os.getloadavg()[0]
     results = {"seed": a.seed, "grid_file": os.path.abspath(a.grid), "skipped_datasets": skipped, "command": command,
                "budget_minutes": a.budget_minutes, "commit": commit_text()}
     results.update(run_all(h, datasets, validate=not a.no_validate))  # grid, distdgl, simulator, scale
     results["plots"] = plots(h, results["grid"]["configs"])
     results["not_run"], results["failed"] = h.not_run, h.failed
     results["seconds"] = time.time() - t
-    results["machine"] = machine_text()
+    results["machine"] = machine_text(load)
     results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     write_results(h, results, command, a.publish)
     h.say(f"done in {time.time() - t:.0f} s: {os.path.join(h.out, 'results.md')}")

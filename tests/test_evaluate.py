@@ -150,6 +150,10 @@ def test_a_run_made_by_other_code_is_run_again(tiny):
     ("[datasets]\na = { spec = 'bundled:cora', rank = [2] }\n[grid]\nranks = [2]\nfractions = [0.25]\npolicies = ['none']\n",
      "unknown key 'rank'"),
     ("not toml [", "not valid TOML"),
+    ("[datasets]\na = { spec = 'bundled:cora', feature_dtype = 'float8' }\n[grid]\nranks = [2]\nfractions = [0.25]\n"
+     "policies = ['none']\n", "feature_dtype must be one of auto"),
+    ("[datasets]\na = { spec = 'bundled:cora', rates = ['1gbit'] }\n[grid]\nranks = [2]\nfractions = [0.25]\n"
+     "policies = ['none']\n", "has rates but the grid no [network] table"),
 ])
 def test_a_bad_grid_is_one_line(tmp_path, text, expected):
     grid = tmp_path / "grid.toml"
@@ -165,7 +169,7 @@ epochs = 2
 hidden = 16
 
 [datasets]
-cora = { spec = "bundled:cora", batch_sizes = [16] }
+cora = { spec = "bundled:cora", batch_sizes = [16], feature_dtype = "float32" }
 
 [grid]
 ranks = [2]
@@ -175,6 +179,9 @@ policies = ["none-serial", "none", "static"]
 [network]
 rates = ["none", "250mbit"]
 links = ["shared"]
+
+[targets]
+over_floor = 0.01
 """
 
 
@@ -202,3 +209,29 @@ def test_a_network_grid_runs_every_policy_under_the_same_shaping(tmp_path):
     assert "Network: 250mbit, one link shared by every rank. `none-serial` waits for remote data" in md
     assert "Network: unshaped (loopback)" in md and "inside `python -m rudder.netem`" in md
     assert shaped["runs"]["none-serial"]["wait_share"] > 0
+    check_floors(shaped, md)
+
+
+def check_floors(shaped: dict, md: str) -> None:
+    """Every shaped run's floor: its compute-only run is the same run on one node (every remote row
+    through shared memory, the same losses), and the floor is the larger of that run's epoch and the
+    logged RMA bytes per timed epoch (epochs 2..E, every trainer: one shared link) over the rate."""
+    for label, fig in shaped["runs"].items():
+        fl = fig["floor"]
+        alone = read_logs(fl["compute_only_run"])
+        assert fl["compute_only_run"].endswith(f"cora-p2-b16-f10_25-1node/{label}")
+        assert {x["layout"]["num_nodes"] for x in alone} == {1}, label
+        shaped_logs = [x for x in read_logs(fig["run"]) if x["role"] == "trainer"]
+        for ours, theirs in zip([x for x in alone if x["role"] == "trainer"], shaped_logs, strict=True):
+            mb = ours["minibatches"]
+            assert mb["rows_rma"].sum() == 0 and mb["rows_shared"].sum() > 0, label
+            np.testing.assert_array_equal(mb["loss"], theirs["minibatches"]["loss"])
+        timed = [x["minibatches"][x["minibatches"]["epoch"] >= 1] for x in shaped_logs]  # 2 epochs: the second
+        wire = sum(int(t["bytes_rma"].sum() + t["adjacency_bytes_rma"].sum()) for t in timed)
+        assert all((t["bytes_rma"] == 4 * 1433 * t["rows_rma"]).all() for t in timed)  # feature_dtype = "float32"
+        assert fl["wire_bytes_per_epoch"] == wire > 0 and fl["rate_bit"] == 250 * 10**6
+        assert fl["bandwidth_seconds"] == pytest.approx(8 * wire / 250e6)
+        assert fl["seconds"] == max(fl["compute_seconds"], fl["bandwidth_seconds"]) and fl["compute_seconds"] > 0
+        assert f"| {label.partition('-f')[0]} | " in md.split("Each run against its floor")[1]
+    worst = max(fig["epoch_seconds"] / fig["floor"]["seconds"] for fig in shaped["runs"].values())
+    assert f"every policy's epoch <= 0.01x its floor: NOT met: {worst:.2f}x (target <= 0.01x)" in md

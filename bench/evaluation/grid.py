@@ -9,6 +9,8 @@ import sys
 import tomllib
 import zlib
 
+from partitioning.partition import FEATURE_DTYPES
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED = os.path.join(REPO, "..", "shared", "data")
 SHARED_SPECS = {"shared:facebook": ("musae", "musae:{d}/musae:facebook", "musae/facebook_edges.csv"),
@@ -47,16 +49,22 @@ def load_grid(path: str) -> dict:
     grid.setdefault("hidden", 16)
     grid.setdefault("policy_flags", {})
     grid.setdefault("policy_ranks", {})
-    for name, entry in grid["datasets"].items():  # "spec", or {spec = "...", ranks = [...], batch_sizes = [...], fanouts = [...]}
+    check_network(grid.get("network"), path)
+    for name, entry in grid["datasets"].items():  # "spec", or {spec = "...", ranks = [...], batch_sizes = [...], ...}
         entry = {"spec": entry} if isinstance(entry, str) else dict(entry)
         if not isinstance(entry.get("spec"), str):
             raise GridError(f"--grid {path}: dataset {name!r} needs a spec string")
-        extra = set(entry) - {"spec", "ranks", "batch_sizes", "fanouts"}
+        extra = set(entry) - {"spec", "ranks", "batch_sizes", "fanouts", "rates", "feature_dtype"}
         if extra:
             raise GridError(f"--grid {path}: dataset {name!r}: unknown key {sorted(extra)[0]!r} "
-                            "(spec, ranks, batch_sizes, fanouts)")
+                            "(spec, ranks, batch_sizes, fanouts, rates, feature_dtype)")
+        if entry.get("feature_dtype", "auto") not in FEATURE_DTYPES:
+            raise GridError(f"--grid {path}: dataset {name!r}: feature_dtype must be one of {', '.join(FEATURE_DTYPES)}")
+        if "rates" in entry:  # this dataset's own [network] rates
+            if "network" not in grid:
+                raise GridError(f"--grid {path}: dataset {name!r} has rates but the grid no [network] table")
+            check_network({**grid["network"], "rates": entry["rates"]}, path)
         grid["datasets"][name] = entry
-    check_network(grid.get("network"), path)
     return grid
 
 
@@ -135,14 +143,15 @@ class Config:
         return key + (f"-{self.network.key}" if self.network else "")
 
 
-def networks(grid: dict) -> list[Network | None]:
-    """The [network] table's shapings (rates x links x congestion profiles); [None] without one.
-    A rate of "none" is the unshaped run."""
+def networks(grid: dict, dataset: str | None = None) -> list[Network | None]:
+    """The [network] table's shapings (rates x links x congestion profiles; ``dataset``'s own rates
+    where it has them); [None] without one. A rate of "none" is the unshaped run."""
     net = grid.get("network")
     if not net:
         return [None]
+    rates = grid["datasets"][dataset].get("rates", net["rates"]) if dataset else net["rates"]
     return [None if rate == "none" else Network(rate, links, congestion)
-            for rate in net["rates"] for links in net.get("links", ["shared"]) for congestion in net.get("congestion", ["none"])
+            for rate in rates for links in net.get("links", ["shared"]) for congestion in net.get("congestion", ["none"])
             if rate != "none" or (links, congestion) == (net.get("links", ["shared"])[0], net.get("congestion", ["none"])[0])]
 
 
@@ -153,7 +162,7 @@ def configurations(grid: dict, datasets: dict) -> list[Config]:
     for d in datasets:
         axis = {k: grid["datasets"][d].get(k, grid["grid"][k]) for k in ("ranks", "batch_sizes", "fanouts")}
         out += [Config(d, int(r), int(b), str(f), n) for r in axis["ranks"] for b in axis["batch_sizes"]
-                for f in axis["fanouts"] for n in networks(grid)]
+                for f in axis["fanouts"] for n in networks(grid, d)]
     return out
 
 

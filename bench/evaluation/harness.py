@@ -1,5 +1,6 @@
 """Running the grid: every policy's training job on every configuration (reused when it already
-finished with the same flags and code), the figures the report shows of each run, the classifiers
+finished with the same flags and code) and, for a shaped one, its compute-only run on one node
+(for its floor), the figures the report shows of each run, the classifiers
 trained in between, the DistDGL peer, the simulator checked against every run and pushed to
 partition counts beyond this machine."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import time
 
 from bench import distdgl_peer
+from bench.evaluation.floor import floor
 from bench.evaluation.grid import AGENT_POLICIES, FRACTION_FREE, REPO, Network, configurations, policy_flags
 from bench.mpi_job import train_job
 from partitioning.partition import partition_graph
@@ -23,7 +25,7 @@ from rudder.agent import classifier_training
 from rudder.agent.deciders.classifier import MODELS, ClassifierError
 from rudder.analysis.decisions import decision_quality, fallback_counts
 from rudder.analysis.summary import summarize
-from rudder.data.partition_store import PartitionFormatError, PartitionMeta
+from rudder.data.partition_store import METADATA_FILE, PartitionFormatError, PartitionMeta
 from rudder.logs import metrics
 from rudder.logs.reader import load_run
 from rudder.sim.validate import validate
@@ -60,23 +62,29 @@ class Harness:
         self.not_run.append(what)
         return True
 
-    def partition(self, name: str, spec: str, parts: int) -> str:
-        out = os.path.join(self.out, "parts", f"{name}-{parts}")
+    def partition(self, name: str, spec: str, parts: int, feature_dtype: str = "auto") -> str:
+        """``spec`` in ``parts`` partitions, its features stored as ``feature_dtype`` (the partition
+        tool's choice with ``auto``; a directory of its own otherwise), reused when already there."""
+        out = os.path.join(self.out, "parts", f"{name}-{parts}" if feature_dtype == "auto" else f"{name}-{feature_dtype}-{parts}")
         try:
             meta = PartitionMeta.load(out)
-            if meta.num_parts == parts and meta.source == spec and meta.seed == self.seed:
+            with open(os.path.join(out, METADATA_FILE)) as f:
+                chosen = json.load(f).get("feature_dtype")
+            if (meta.num_parts == parts and meta.source == spec and meta.seed == self.seed
+                    and feature_dtype in ("auto", chosen)):
                 return out
         except PartitionFormatError:
             pass
         t = time.time()
-        partition_graph(load_spec(spec), parts, out, method="metis", seed=self.seed, force=True)
+        partition_graph(load_spec(spec), parts, out, method="metis", seed=self.seed, force=True, feature_dtype=feature_dtype)
         self.say(f"partitioned {name} into {parts} ({time.time() - t:.0f} s)")
         return out
 
     def train(self, parts: str, run_dir: str, trainers: int, policy: str, flags: list[str],
-              network: Network | None = None) -> str | None:
-        """One drivers/train.py job (reused when it already finished with the same flags and network)."""
-        nodes = trainers  # every trainer an emulated node of its own
+              network: Network | None = None, nodes: int | None = None) -> str | None:
+        """One drivers/train.py job (reused when it already finished with the same flags and network),
+        every trainer an emulated node of its own unless ``nodes`` says how many (1: all on one node)."""
+        nodes = nodes or trainers
         agents = nodes if policy in AGENT_POLICIES else 0
         argv = ["--epochs", str(self.grid["epochs"]), "--hidden", str(self.grid["hidden"]), "--seed", str(self.seed),
                 *flags, *self.grid["policy_flags"].get(policy, [])]
@@ -133,7 +141,8 @@ def run_grid(h: Harness, datasets: dict) -> dict:
     results: dict = {}
     parts_of = {}
     for cfg in configurations(h.grid, datasets):
-        parts_of[cfg] = h.partition(cfg.dataset, datasets[cfg.dataset], cfg.ranks)
+        parts_of[cfg] = h.partition(cfg.dataset, datasets[cfg.dataset], cfg.ranks,
+                                    h.grid["datasets"][cfg.dataset].get("feature_dtype", "auto"))
     base = lambda cfg: [*(["--batch-size", str(cfg.batch_size)] if cfg.batch_size else []), "--fanouts", cfg.fanouts]  # noqa: E731
 
     def run(cfg, policy, fraction, model=None):
@@ -146,6 +155,12 @@ def run_grid(h: Harness, datasets: dict) -> dict:
         if done:
             results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts_of[cfg], "runs": {}})
             results[cfg.key]["runs"][label] = figures(done, parts_of[cfg])
+        if done and cfg.network:  # its floor needs its compute-only run: unshaped, every partition on one node
+            plain = dataclasses.replace(cfg, network=None)
+            alone = h.train(parts_of[cfg], os.path.join(h.out, "runs", f"{plain.key}-1node", label), cfg.ranks, policy,
+                            [*base(cfg), *policy_flags(policy, fraction, model)], nodes=1)
+            if alone:
+                results[cfg.key]["runs"][label]["floor"] = floor(done, alone, cfg.network.links)
 
     for cfg in configurations(h.grid, datasets):  # every policy but the classifier first
         for policy in (p for p in policies if p in FRACTION_FREE):
@@ -213,8 +228,6 @@ def run_distdgl(h: Harness, datasets: dict, grid_results: dict) -> dict:
             continue
         ours = load_run(none["run"])
         batch = ours.ranks[0].run["batch_size"]
-        if h.out_of_time(f"distdgl/{key}"):
-            continue
         t = time.time()
         run_dir = os.path.join(h.out, "distdgl", key, "run")
         flags = {"epochs": h.grid["epochs"], "batch_size": batch, "fanouts": c["fanouts"], "hidden": h.grid["hidden"],
@@ -227,6 +240,8 @@ def run_distdgl(h: Harness, datasets: dict, grid_results: dict) -> dict:
         stamp = os.path.join(run_dir, "harness.json")
         if os.path.exists(stamp) and json.load(open(stamp)) == {**flags, "wrapper": wrapper}:
             s = json.load(open(os.path.join(run_dir, "summary.json")))
+        elif h.out_of_time(f"distdgl/{key}"):
+            continue
         else:
             try:
                 config = distdgl_peer.prepare(r["parts"], os.path.join(h.out, "distdgl", key, "parts"))
@@ -304,6 +319,8 @@ def commit_text() -> str:
     return git.stdout.strip() or "?"
 
 
-def machine_text() -> str:
-    load = os.getloadavg()[0]
-    return f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, load {load:.2f} at end)"
+def machine_text(load_at_start: float | None = None) -> str:
+    """The host, its cores and its load average (1 min) at the start, if given, and at the end."""
+    start = "" if load_at_start is None else f"{load_at_start:.2f} at start, "
+    return (f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
+            f"load {start}{os.getloadavg()[0]:.2f} at end)")

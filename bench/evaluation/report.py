@@ -14,8 +14,10 @@ import time
 
 import numpy as np
 
+from bench.evaluation.floor import floor
 from bench.evaluation.grid import FRACTION_FREE, REPO, Network
 from bench.evaluation.harness import Harness, figures
+from bench.evaluation.network_report import floor_table, targets
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_template.md")
 
@@ -111,6 +113,8 @@ def report(h: Harness, results: dict, command: str) -> str:
             lines += [*fill("network", network=Network(**net).describe() if net else "unshaped (loopback)",
                             wait=fmt(100 * serial["wait_share"], ".0f") + "%" if serial.get("wait_share") else "-"), ""]
         lines += [*policy_table(r, g["grid"]["fractions"]), ""]
+        if r["config"].get("network"):
+            lines += [*fill("floor"), "", *floor_table(r, results["distdgl"].get(key)), ""]
     dec = decisions_table(results["grid"]["configs"])
     if len(dec) > 2:
         lines += ["## Agent decisions", "", *fill("decisions"), "", *dec, ""]
@@ -151,8 +155,9 @@ def report(h: Harness, results: dict, command: str) -> str:
                          f"| {fmt(p['test_acc'], '.3f')} | {fmt(none['test_acc'], '.3f')} |")
         lines.append("")
     s = results["simulator"]
-    lines += ["## Simulator", "",
-              *fill("simulator", runs=s["runs"], minibatches=s["minibatches"], differ=len(s["mismatches"])), ""]
+    lines += ["## Simulator", "", *(["Validation skipped (`--no-validate`)."] if s.get("skipped") else
+                                     fill("simulator", runs=s["runs"], minibatches=s["minibatches"],
+                                          differ=len(s["mismatches"]))), ""]
     for m in s["mismatches"][:10]:
         lines.append(f"- {m}")
     scale = results.get("scale")
@@ -172,6 +177,11 @@ def report(h: Harness, results: dict, command: str) -> str:
                              f"| {ratio(r.get('epoch_seconds'), none.get('epoch_seconds'))} "
                              f"| {fmt(r.get('epoch_seconds_overlap'), '.4f')} "
                              f"| {ratio(r.get('epoch_seconds_overlap'), none.get('epoch_seconds_overlap'))} |")
+    met = targets(g, results["grid"]["configs"], results["distdgl"])
+    if met:
+        lines += ["", "## Targets", "", *fill("targets"), "", *met]
+    if g.get("not_measured"):
+        lines += ["", "## Not measured here", "", *(f"- {text}" for text in g["not_measured"])]
     if h.failed:
         lines += ["", "Failed runs: " + "; ".join(h.failed)]
     if h.not_run:
@@ -223,6 +233,8 @@ def rebuild_report(h: Harness, publish: str | None) -> int:
     for r in results["grid"]["configs"].values():
         for label, fig in r["runs"].items():
             r["runs"][label] = figures(fig["run"], r["parts"])
+            if fig.get("floor"):
+                r["runs"][label]["floor"] = floor(fig["run"], fig["floor"]["compute_only_run"], r["config"]["network"]["links"])
     h.not_run, h.failed, h.seed = results["not_run"], results["failed"], results["seed"]
     results.setdefault("finished", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(path))))
     results.setdefault("command", json.load(open(os.path.join(h.out, "grid.json")))["command"])

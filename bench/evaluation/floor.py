@@ -1,0 +1,55 @@
+"""The floor of a shaped run (issue 18): the shortest epoch it could have on its network, the larger
+of its compute-only epoch (the same run unshaped with every partition on one node, so every remote
+row is read through shared memory and nothing waits for a wire) and the bytes it moved divided by
+the shaped rate.
+
+The bytes are the RMA bytes its trainers logged (feature rows at their stored size plus sampling's
+remote CSR, ``bytes_rma + adjacency_bytes_rma``), per timed epoch like the epoch time itself. The
+byte counter of the shaping (``netem.json``'s ``crossed_bytes``) is not used: it counts the whole
+job (start-up, the warm-up epoch, evaluation), so it cannot be split into epochs, and it adds what
+is not the run's choice to move (TCP/IP and OFI headers, the gradient Allreduce). The report shows
+it beside, as counted over logged bytes of the whole job. So the floor is a lower bound: a run at
+1.0x its floor moves only the rows it fetched, at the full rate, with all compute hidden."""
+from __future__ import annotations
+
+import json
+import os
+
+from rudder.logs import metrics
+from rudder.logs.reader import load_run
+
+
+def rma_bytes(rows):
+    """What a minibatch (or its rows) read over RMA: feature rows and sampling's remote CSR."""
+    return rows["bytes_rma"] + rows["adjacency_bytes_rma"]
+
+
+def wire_bytes_per_epoch(run_dir: str, links: str) -> float:
+    """RMA bytes per timed epoch the wire had to carry: every trainer's on the shared link (one
+    link carries them all), the most one trainer fetched on per-node links (its node's port
+    carries that at the rate; every trainer is a node of its own)."""
+    run = load_run(run_dir)
+    epochs = metrics.timed_epochs(metrics.complete_epochs([r.epochs for r in run.ranks]))
+    fetched = [metrics.per_epoch_mean([r.minibatches], rma_bytes, epochs) or 0.0 for r in run.ranks]
+    return sum(fetched) if links == "shared" else max(fetched)
+
+
+def counted_over_logged(run_dir: str) -> float | None:
+    """The shaping's byte counter (the whole job) over the RMA bytes every trainer logged (all epochs)."""
+    path = os.path.join(run_dir, "netem.json")
+    if not os.path.exists(path):
+        return None
+    logged = sum(int(rma_bytes(r.minibatches).sum()) for r in load_run(run_dir).ranks)
+    return json.load(open(path))["crossed_bytes"] / logged if logged else None
+
+
+def floor(run_dir: str, compute_only_dir: str, links: str) -> dict:
+    """The floor of the shaped run at ``run_dir`` (its rate from its ``netem.json``) and its parts;
+    ``compute_only_dir``: the same run unshaped, on one node."""
+    rate_bit = json.load(open(os.path.join(run_dir, "netem.json")))["rate_bit"]
+    compute = metrics.run_epoch_time([r.epochs for r in load_run(compute_only_dir).ranks])
+    wire = wire_bytes_per_epoch(run_dir, links)
+    bandwidth = 8 * wire / rate_bit
+    return {"compute_only_run": os.path.abspath(compute_only_dir), "compute_seconds": compute,
+            "wire_bytes_per_epoch": wire, "rate_bit": rate_bit, "bandwidth_seconds": bandwidth,
+            "seconds": max(compute or 0.0, bandwidth), "counted_over_logged": counted_over_logged(run_dir)}
