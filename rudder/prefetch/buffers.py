@@ -143,7 +143,7 @@ class AdmissibleIndex:
     A halo position is the node's rank in a bitmap of the halo over the node IDs up to its
     largest (one bit per ID and a count per 64 IDs: under a quarter byte per ID), found by a few
     vectorised operations per node, where a binary search of unsorted IDs into the halo costs
-    tens of times more (docs/results-buffer.md)."""
+    tens of times more (``python bench/buffer_cost.py``: docs/results-buffer-cost.md)."""
 
     def __init__(self, halo: np.ndarray, owned: tuple[int, int], num_nodes: int, scope: str):
         self.halo = np.sort(np.asarray(halo, dtype=np.int64))

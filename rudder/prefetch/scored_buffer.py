@@ -23,7 +23,7 @@ Slots stay where they are (a map from admissible node to slot finds the hits), s
 costs work in proportion to its inputs; only the decay, one float32 multiply of every score in
 place, and the count of candidates below the threshold touch every slot. A lazy decay (d^k from
 a stored age) would not be the same scores: k float32 multiplications round k times, and a hit's
-divide-by-d does not always undo a multiply (docs/results-buffer.md has the numbers), while the
+divide-by-d does not always undo a multiply, while the
 reference and the simulator's equality with real runs need them bit for bit.
 
 ``compat=True`` reproduces the reference code exactly, including its quirk (spec 1.6 item 10):
