@@ -99,12 +99,15 @@ def test_every_policy_on_rmat_float16(tmp_path):
 def test_vip_fill_on_two_ranks(tmp_path):
     """--buffer-init vip on 2 ranks (4 run on Cora above), 3 layers: the losses of no buffer, the
     simulator's counts exactly, and the start-up cost logged."""
-    runs = [RUNS[0], RUNS[7], ("fixed", ["--delta", "1", "--buffer-init", "vip", "--buffer-scope", "remote"])]
+    runs = [RUNS[0], ("static", ["--buffer-init", "vip", "--topology", "distributed"]),
+            ("fixed", ["--delta", "1", "--buffer-init", "vip", "--buffer-scope", "remote"])]
     check_policies(f"planetoid:{BUNDLED_CORA}:cora", 2, tmp_path, ["--epochs", "2", "--batch-size", "16", "--fanouts",
                                                                    "5,10,15"], runs=runs, stored_as="bits")
     for log in read_logs(tmp_path / "run1"):
         assert log["run"]["buffer_vip_seconds"] > 0 and log["run"]["buffer_fill_rows"] > 0
         assert log["run"]["buffer_vip_adjacency_rows_rma"] > 0  # the other partition's lists came by RMA
+    for log in read_logs(tmp_path / "run2"):  # --topology auto: a replicated CSR, read locally
+        assert log["run"]["buffer_vip_adjacency_rows_rma"] == 0 and log["run"]["buffer_fill_rows"] > 0
 
 
 def test_vip_fill_on_one_rank(tmp_path):
