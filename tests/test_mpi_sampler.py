@@ -24,14 +24,14 @@ def setup(request, tmp_path_factory):
     parts = [read_partition(out, p, meta) for p in range(meta.num_parts)]  # the truth, from the files
     adjacency = Adjacency(layout, meta, parts[layout.partition_id], exposer_table(layout, meta.num_parts))
     indptr, indices = global_csr(parts)
-    yield meta, layout, parts, adjacency, indptr, indices
+    yield meta, layout, parts, adjacency, indptr, indices, out
     adjacency.close()
 
 
 def test_two_hop_blocks_are_exact(setup):
     from rudder.sampling.neighbors import NeighborSampler
 
-    meta, layout, parts, adjacency, indptr, indices = setup
+    meta, layout, parts, adjacency, indptr, indices, out = setup
     part = parts[layout.partition_id]
     seeds = part.node_start + np.flatnonzero(part.train_mask)
     fanouts = [3, 5]  # DGL order: seeds get 5, the next hop 3
@@ -64,7 +64,7 @@ def test_frequencies_match_dgl(setup):
     from rudder.data.dgl_bridge import load_dgl
     from rudder.sampling.neighbors import NeighborSampler
 
-    meta, layout, parts, adjacency, indptr, indices = setup
+    meta, layout, parts, adjacency, indptr, indices, out = setup
     degree = np.diff(indptr)
     k, trials = 3, 300
     rng = np.random.default_rng(7)
@@ -94,3 +94,29 @@ def test_frequencies_match_dgl(setup):
             freq = np.array([counts.get(int(u), 0) for u in nbrs])
             assert np.abs(freq - trials * p).max() < bound, (int(v), freq)
     assert adjacency.indptr.own.shape[0] == meta.parts[layout.partition_id].num_owned + 1
+
+
+def test_replicated_topology_samples_the_same(setup):
+    """--topology replicated: the node's one copy of the whole CSR gives the same minibatches,
+    key for key, as the distributed CSR, and reads nothing by RMA."""
+    from rudder.data.adjacency import ReplicatedAdjacency, csr_bytes, resolve_topology
+    from rudder.sampling.neighbors import NeighborSampler
+
+    meta, layout, parts, adjacency, indptr, indices, out = setup
+    replicated = ReplicatedAdjacency(layout, meta, out)
+    try:
+        np.testing.assert_array_equal(replicated.indices, indices)
+        part = parts[layout.partition_id]
+        seeds = part.node_start + np.flatnonzero(part.train_mask)
+        for key in range(3):
+            a = NeighborSampler(adjacency, [5, 10], seed=layout.trainer_rank).sample(seeds, key=(0, key))
+            b = NeighborSampler(replicated, [5, 10], seed=layout.trainer_rank).sample(seeds, key=(0, key))
+            np.testing.assert_array_equal(a.input_nodes, b.input_nodes)
+            for x, y in zip(a.layers, b.layers):
+                np.testing.assert_array_equal(x.src, y.src)
+                np.testing.assert_array_equal(x.dst, y.dst)
+            assert b.stats.rows_remote == b.stats.rows_shared == 0 and b.stats.bytes_remote == 0
+    finally:
+        replicated.close()
+    assert resolve_topology("auto", meta) == "replicated" and csr_bytes(meta) < 1 << 20
+    assert resolve_topology("distributed", meta) == "distributed"

@@ -14,7 +14,8 @@ from conftest import BUNDLED_CORA, read_logs, run_train, shared_dataset
 RUNS = [("none", ["--no-overlap"]), ("none", []), ("static", []), ("fixed", ["--delta", "2"]),
         ("fixed", ["--delta", "1", "--compat", "massivegnn", "--buffer-init", "empty"]),
         ("lookahead", ["--lookahead", "4"]), ("fixed", ["--delta", "4", "--buffer-scope", "remote", "--prefetch-depth", "2"]),
-        ("static", ["--buffer-init", "vip"]), ("fixed", ["--delta", "2", "--buffer-init", "vip"])]
+        ("static", ["--buffer-init", "vip"]), ("fixed", ["--delta", "2", "--buffer-init", "vip"]),
+        ("lookahead", ["--topology", "distributed"])]  # the others sample a replicated CSR (auto, small graphs)
 
 
 def minibatch_tables(run_dir):
@@ -92,18 +93,21 @@ def test_every_policy_on_facebook(tmp_path):
 def test_every_policy_on_rmat_float16(tmp_path):
     """Features rounded to halves (feat_round=float16): auto stores them as float16, exactly."""
     check_policies("synthetic:rmat:scale=11,edge_factor=8,feat_dim=24,classes=4,seed=3,feat_round=float16", 2, tmp_path,
-                   ["--epochs", "2", "--batch-size", "64"], runs=[RUNS[i] for i in (0, 2, 3, 5, 6, 7)], stored_as="float16")
+                   ["--epochs", "2", "--batch-size", "64"], runs=[RUNS[i] for i in (0, 2, 3, 5, 6, 7, 9)], stored_as="float16")
 
 
 def test_vip_fill_on_two_ranks(tmp_path):
     """--buffer-init vip on 2 ranks (4 run on Cora above), 3 layers: the losses of no buffer, the
     simulator's counts exactly, and the start-up cost logged."""
-    runs = [RUNS[0], RUNS[7], ("fixed", ["--delta", "1", "--buffer-init", "vip", "--buffer-scope", "remote"])]
+    runs = [RUNS[0], ("static", ["--buffer-init", "vip", "--topology", "distributed"]),
+            ("fixed", ["--delta", "1", "--buffer-init", "vip", "--buffer-scope", "remote"])]
     check_policies(f"planetoid:{BUNDLED_CORA}:cora", 2, tmp_path, ["--epochs", "2", "--batch-size", "16", "--fanouts",
                                                                    "5,10,15"], runs=runs, stored_as="bits")
     for log in read_logs(tmp_path / "run1"):
         assert log["run"]["buffer_vip_seconds"] > 0 and log["run"]["buffer_fill_rows"] > 0
         assert log["run"]["buffer_vip_adjacency_rows_rma"] > 0  # the other partition's lists came by RMA
+    for log in read_logs(tmp_path / "run2"):  # --topology auto: a replicated CSR, read locally
+        assert log["run"]["buffer_vip_adjacency_rows_rma"] == 0 and log["run"]["buffer_fill_rows"] > 0
 
 
 def test_vip_fill_on_one_rank(tmp_path):

@@ -270,6 +270,25 @@ def _check_feature_dtype(path: str, attrs, meta: PartitionMeta) -> None:
         raise PartitionFormatError(f"{path}: features stored as {stored}, metadata.json says {meta.feature_dtype}")
 
 
+def read_csr_into(directory: str, part_id: int, meta: PartitionMeta, indptr: np.ndarray, indices: np.ndarray) -> None:
+    """A partition's in-edge CSR (its own row pointers, global neighbour IDs) read straight into
+    ``indptr`` (num_owned + 1 entries) and ``indices`` (its in-edges), e.g. slices of one node-wide
+    copy of the whole graph's CSR."""
+    import h5py
+
+    path = _h5_path(directory, meta, part_id)
+    try:
+        with h5py.File(path, "r") as f:
+            for name, out in (("csr/indptr", indptr), ("csr/indices", indices)):
+                ds = f[name]
+                if ds.shape != out.shape:
+                    raise PartitionFormatError(f"{path}: {name} has {ds.shape[0]} entries, metadata.json implies {out.size}")
+                if out.size:
+                    ds.read_direct(out)
+    except (OSError, KeyError) as e:
+        raise PartitionFormatError(f"{path}: unreadable partition file ({e})") from None
+
+
 def read_stored_features(directory: str, part_id: int, meta: PartitionMeta | None = None,
                          out: np.ndarray | None = None) -> np.ndarray:
     """Owned feature rows of a partition as stored (``meta.feature_encoding``), read into ``out``

@@ -34,6 +34,7 @@ import numpy as np
 from rudder.agent.deciders import make_decider
 from rudder.agent.protocol import trainer_facts
 from rudder.agent.service import DecisionService
+from rudder.data.adjacency import resolve_topology
 from rudder.data.feature_encoding import FeatureEncoding
 from rudder.logs import metrics
 from rudder.prefetch.assembly import feature_source
@@ -76,7 +77,8 @@ def sample_trainer(graph: Graph, cfg: TrainConfig, part: int, machine: Machine |
     p = graph.parts[part]
     steps, _ = steps_and_batch(cfg, graph)
     seed = cfg.training.seed
-    adjacency = SimulatedAdjacency(graph, part, machine, 0)
+    adjacency = SimulatedAdjacency(graph, part, machine, 0,
+                                   replicated=resolve_topology(cfg.data.topology, graph.meta) == "replicated")
     sampler = NeighborSampler(adjacency, cfg.sampling.fanouts, seed=[seed, part])
     halo = np.sort(p.halo_nodes)
     rows = []

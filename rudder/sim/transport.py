@@ -66,16 +66,24 @@ def get_runs(owners: np.ndarray, ids: np.ndarray, positions: np.ndarray) -> int:
 
 
 class SimulatedAdjacency(SimulatedReads):
-    """``rudder.sampler.Adjacency`` over the in-memory CSR: the same degrees and neighbours."""
+    """``rudder.data.adjacency.Adjacency`` over the in-memory CSR: the same degrees and
+    neighbours; ``replicated`` (``ReplicatedAdjacency``): every read is local."""
+
+    def __init__(self, graph: Graph, part: int, machine: Machine | None, row_bytes: int, replicated: bool = False):
+        super().__init__(graph, part, machine, row_bytes)
+        self.replicated = replicated
+
+    def counted(self, owners: np.ndarray) -> ReadStats:
+        return ReadStats(rows_local=owners.size) if self.replicated else self.count(owners, 8)
 
     def rows(self, gids: np.ndarray, stats: ReadStats):
         owners = self.graph.meta.owner_of(gids)
         start = self.graph.indptr[gids]
-        stats.add(self.count(np.concatenate([owners, owners]), 8))  # indptr[g] and indptr[g + 1]
+        stats.add(self.counted(np.concatenate([owners, owners])))  # indptr[g] and indptr[g + 1]
         return owners, start, self.graph.indptr[gids + 1] - start
 
     def neighbours(self, parts: np.ndarray, positions: np.ndarray, stats: ReadStats) -> np.ndarray:
-        stats.add(self.count(parts, 8))
+        stats.add(self.counted(parts))
         return self.graph.indices[positions]
 
 

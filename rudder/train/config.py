@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from rudder.comm.dist_array import GETS
 from rudder.comm.layout import PARTITION_MODES
+from rudder.data.adjacency import REPLICATE_MAX_BYTES, TOPOLOGIES
 from rudder.logs import checkpoints
 from rudder.prefetch.buffers import INIT_MODES, SCOPES
 from rudder.prefetch.policies import POLICIES
@@ -40,6 +41,10 @@ class DataSection:
                            "without the owner), indexed (one Get per owner with indexed datatypes, which MPICH serves "
                            "only when the owner enters MPI), auto (runs for rows of 4 KiB or more as stored: see the partition "
                            "tool's --feature-dtype)", choices=GETS)
+    topology: str = option("auto", "where sampling reads the graph's structure: distributed (each partition's CSR in "
+                           "its owner's RMA window, remote entries read by Gets), replicated (the whole CSR once per node "
+                           "in shared memory: sampling reads nothing remotely), auto (replicated when the whole CSR "
+                           f"takes at most {REPLICATE_MAX_BYTES >> 30} GiB)", choices=TOPOLOGIES)
     verify_data: bool = option(True, "check each partition file's checksum at start-up", resumable=True)
 
 

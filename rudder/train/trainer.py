@@ -28,7 +28,7 @@ from rudder.comm.layout import exposer_table
 from rudder.comm.runtime import abort_job, library_versions, mpi_cuda_support
 from rudder.comm.shared_memory import NodeSharedArrays
 from rudder.comm.watchdog import Watchdog
-from rudder.data.adjacency import Adjacency
+from rudder.data.adjacency import open_adjacency
 from rudder.data.feature_store import FeatureStore
 from rudder.data.partition_store import read_partition
 from rudder.logs import metrics
@@ -108,7 +108,7 @@ class Trainer:
         self.exposes = bool(self.exposer[layout.partition_id] == layout.trainer_rank)
         self.partition = part = read_partition(cfg.data.path, layout.partition_id, meta, structure=self.exposes)
         self.store = FeatureStore(layout, meta, cfg.data.path, self.exposer, gets=cfg.data.rma_gets)
-        self.adjacency = Adjacency(layout, meta, part, self.exposer)
+        self.adjacency = open_adjacency(cfg.data.topology, layout, meta, part, self.exposer, cfg.data.path)
         self.sampler = NeighborSampler(self.adjacency, cfg.sampling.fanouts, seed=[cfg.training.seed, layout.trainer_rank])
         self.halo = np.sort(part.halo_nodes)
         start = part.node_start
