@@ -109,6 +109,10 @@ class BufferSection:
     replay: str = option("", "with --policy replay: repeat this earlier run's replacements at the same minibatches",
                          metavar="RUN")
     collect_traces: bool = option(False, "with --policy fixed: log one classifier training row per replacement interval")
+    refill_budget: float = option(1.0, "with --policy fixed: the most rows each replacement may take, floor(F x the "
+                                  "buffer's capacity), applied as an agent's structured refill budget is (1: no "
+                                  "bound, the paper's replacement)",
+                                  check=(lambda v: 0 < v <= 1, "a fraction of the buffer's capacity in (0, 1]"))
 
 
 @dataclass
