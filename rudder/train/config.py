@@ -227,6 +227,8 @@ class TrainConfig:
              "a model file from python -m rudder.classifier train (needed by --policy classifier)")
         need(b.policy == "fixed" or not b.collect_traces, "--collect-traces", b.collect_traces,
              "only with --policy fixed (collection mode)")
+        need(b.policy == "fixed" or b.refill_budget == 1, "--refill-budget", b.refill_budget,
+             "only with --policy fixed (an agent's structured action sets its own budget)")
         need((b.policy == "replay") == bool(b.replay), "--replay", b.replay, "a run directory, with --policy replay only")
         need(b.sharing == "trainer" or self.data.partition_mode == "node", "--buffer-sharing", b.sharing,
              "trainer, unless --partition-mode node (a node's trainers share one halo only then)")
