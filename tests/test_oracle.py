@@ -13,6 +13,7 @@ from conftest import REPO
 
 from bench.evaluation.grid import GridError, load_grid, policy_flags
 from bench.evaluation.oracle import hindsight, oracle_section, oracle_targets, steady
+from bench.evaluation.report import policy_table
 from bench.evaluation.sweep import settings
 from rudder.train.config import parse_config
 
@@ -154,3 +155,10 @@ def test_the_oracle_grids_load(name):
     assert settings(grid) and {"static", "static-vip", "heuristic", "tuner", "llm"} <= set(grid["grid"]["policies"])
     assert {"none", "square"} <= {c.partition(":")[0] for c in grid["network"]["congestion"]}
     assert set(grid["targets"]["oracle"]) == {"over_oracle", "over_static", "steady_over_oracle"}
+
+
+def test_the_policy_table_names_a_sweep_run_by_its_setting():
+    runs = {label: {**f, "hit_percent": 1.0, "test_acc": 0.5} for label, f in RUNS.items()}
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1] for line in policy_table({"runs": runs}, [0.25])[2:]}
+    assert rows["sweep-fixed-d8-b0.25-remote"] == "0.25" and rows["static-vip"] == "0.25" and rows["none"] == "-"
+

@@ -51,7 +51,7 @@ def policy_table(r: dict, fractions: list) -> list[str]:
     lines = ["| policy | f | remote rows/epoch | x none | x fixed | epoch s | x none | x fixed | hits % | test acc |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for label, fig in runs.items():
-        policy, _, f = label.partition("-f") if label not in FRACTION_FREE else (label, "", "")
+        policy, _, f = label.rpartition("-f") if label not in FRACTION_FREE else (label, "", "")  # last: sweep-fixed-...
         fixed = runs.get(f"fixed-f{f}", {}) if f else {}
         lines.append(f"| {policy} | {f or '-'} | {fmt(fig['rows_per_epoch'], ',.0f')} "
                      f"| {ratio(fig['rows_per_epoch'], none.get('rows_per_epoch'))} "
