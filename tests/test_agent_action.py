@@ -272,6 +272,31 @@ def test_every_budget_and_window_trains_as_without_a_buffer(parts, tmp_path, tra
         assert not mismatches and compared
 
 
+@pytest.mark.parametrize("trainers", [1, 2, 4])
+def test_a_fixed_refill_budget_bounds_every_replacement_and_trains_as_without_a_buffer(parts, tmp_path, trainers):
+    """--refill-budget F: fixed's replacements through the agent's refill-budget path, each at
+    most floor(F x capacity) rows and, with a halo, at least one of them cut; losses bit for bit; the simulator agrees."""
+    from rudder.sim.validate import validate
+
+    base = losses(train(parts[trainers], str(tmp_path / "none"), trainers, "--policy", "none"))
+    unbounded = train(parts[trainers], str(tmp_path / "fixed"), trainers, "--policy", "fixed", "--delta", "8")
+    run = str(tmp_path / "fixed-budget")
+    logs = train(parts[trainers], run, trainers, "--policy", "fixed", "--delta", "8", "--refill-budget", "0.25")
+    for mine, theirs in zip(losses(logs), base):
+        np.testing.assert_array_equal(mine, theirs)  # bit for bit
+    cut = 0
+    for t, u in zip(logs, unbounded):
+        mb, capacity = t["minibatches"], t["run"]["buffer_capacity"]
+        asked = mb["replaced"] == 1
+        assert asked.any() and (mb["refill_budget"][asked] == int(0.25 * capacity)).all()
+        assert (mb["refills"][asked] <= int(0.25 * capacity)).all()
+        assert (u["minibatches"]["refill_budget"] == -1).all()  # the default: no bound, as before
+        cut += int(u["minibatches"]["refills"].max() > int(0.25 * capacity))
+    assert cut or trainers == 1  # the bound bound somewhere (one trainer has no halo to refill)
+    compared, mismatches = validate(run)
+    assert not mismatches and compared
+
+
 @register_decider("unruly")
 class Unruly(Decider):
     """In turn: too large a budget, a window the scored buffer has not, a budget that is no

@@ -53,6 +53,9 @@ def test_paper_defaults_and_batch_rule():
     (["--data", "d", "--run-dir", "r", "--policy", "none", "--buffer-init", "vip"], "there is no buffer"),
     (["--data", "d", "--run-dir", "r", "--policy", "lookahead", "--buffer-init", "vip"], "fills on demand"),
     (["--data", "d", "--run-dir", "r", "--buffer-init", "lru"], "--buffer-init"),
+    (["--data", "d", "--run-dir", "r", "--policy", "fixed", "--refill-budget", "0"], "--refill-budget 0"),
+    (["--data", "d", "--run-dir", "r", "--policy", "fixed", "--refill-budget", "1.5"], "--refill-budget 1.5"),
+    (["--data", "d", "--run-dir", "r", "--policy", "tuner", "--refill-budget", "0.5"], "only with --policy fixed"),
 ])
 def test_bad_flags(argv, needle):
     with pytest.raises(ConfigError) as e:

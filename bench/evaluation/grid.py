@@ -9,6 +9,7 @@ import sys
 import tomllib
 import zlib
 
+from bench.evaluation.sweep import check_sweep
 from partitioning.partition import FEATURE_DTYPES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -16,8 +17,9 @@ SHARED = os.path.join(REPO, "..", "shared", "data")
 SHARED_SPECS = {"shared:facebook": ("musae", "musae:{d}/musae:facebook", "musae/facebook_edges.csv"),
                 "shared:cora": ("planetoid", "planetoid:{d}/planetoid:cora", "planetoid/ind.cora.graph"),
                 "shared:citeseer": ("planetoid", "planetoid:{d}/planetoid:citeseer", "planetoid/ind.citeseer.graph")}
-AGENT_POLICIES = ("heuristic", "classifier", "llm")
+AGENT_POLICIES = ("heuristic", "classifier", "llm", "tuner")
 FRACTION_FREE = ("none-serial", "none")  # no buffer: the same run at every fraction
+VARIANTS = {"static-vip": ("static", ["--buffer-init", "vip"])}  # a policy label of its own: (policy, its flags)
 
 
 class GridError(Exception):
@@ -39,7 +41,7 @@ def load_grid(path: str) -> dict:
     for key in ("ranks", "fractions", "policies"):
         if not isinstance(g.get(key), list) or not g[key]:
             raise GridError(f"--grid {path}: [grid] {key} must be a non-empty list")
-    known = {"none-serial", "none", "static", "fixed", "lookahead", *AGENT_POLICIES}
+    known = {"none-serial", "none", "static", "fixed", "lookahead", *AGENT_POLICIES, *VARIANTS}
     bad = [p for p in g["policies"] if p not in known]
     if bad:
         raise GridError(f"--grid {path}: policy {bad[0]!r} is not one of {', '.join(sorted(known))}")
@@ -50,6 +52,9 @@ def load_grid(path: str) -> dict:
     grid.setdefault("policy_flags", {})
     grid.setdefault("policy_ranks", {})
     check_network(grid.get("network"), path)
+    why = check_sweep(grid)
+    if why:
+        raise GridError(f"--grid {path}: {why}")
     for name, entry in grid["datasets"].items():  # "spec", or {spec = "...", ranks = [...], batch_sizes = [...], ...}
         entry = {"spec": entry} if isinstance(entry, str) else dict(entry)
         if not isinstance(entry.get("spec"), str):
@@ -169,7 +174,8 @@ def configurations(grid: dict, datasets: dict) -> list[Config]:
 def policy_flags(policy: str, fraction: float | None, classifier_model: str | None) -> list[str]:
     if policy == "none-serial":
         return ["--policy", "none", "--no-overlap"]
-    flags = ["--policy", policy]
+    policy, variant = VARIANTS.get(policy, (policy, []))
+    flags = ["--policy", policy, *variant]
     if fraction is not None:
         flags += ["--buffer-fraction", str(fraction)]
     if policy == "fixed":

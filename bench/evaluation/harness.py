@@ -18,6 +18,7 @@ import time
 from bench import distdgl_peer
 from bench.evaluation.floor import floor
 from bench.evaluation.grid import AGENT_POLICIES, FRACTION_FREE, REPO, Network, configurations, policy_flags
+from bench.evaluation.sweep import settings
 from bench.mpi_job import train_job
 from partitioning.partition import partition_graph
 from partitioning.sources import load_spec
@@ -128,7 +129,8 @@ def figures(run_dir: str, data_dir: str) -> dict:
         invalid = sum(n for reason, n in reasons.items() if reason != "trainer_finished")
         row["decisions"] = {"count": q["count"], "answered": q["count"] - sum(reasons.values()), "evict": q["evict"],
                             "latency_mean": q["latency_mean"], "pass_at_1_hitrate": q["pass_at_1_hitrate"]["value"],
-                            "pass_at_1_comm": q["pass_at_1_comm"]["value"],
+                            "pass_at_1_comm": q["pass_at_1_comm"]["value"], "latency_p50": q["latency_p50"],
+                            "pass_at_1_hitrate_ci95": q["pass_at_1_hitrate"]["ci95"],
                             "invalid_rate": invalid / q["count"] if q["count"] else None, "fallbacks": reasons}
     return row
 
@@ -168,6 +170,10 @@ def run_grid(h: Harness, datasets: dict) -> dict:
         for fraction in g["fractions"]:
             for policy in (p for p in policies if p not in FRACTION_FREE and p != "classifier"):
                 run(cfg, policy, fraction)
+    for cfg in configurations(h.grid, datasets):  # the [oracle] sweep, once every policy ran
+        for fraction in g["fractions"]:
+            for setting in settings(h.grid):
+                sweep(h, cfg, parts_of[cfg], base(cfg), setting, fraction, results)
     classifiers = None
     if "classifier" in policies:
         classifiers = train_classifiers(h, results)
@@ -176,6 +182,17 @@ def run_grid(h: Harness, datasets: dict) -> dict:
                 for fraction in g["fractions"]:
                     run(cfg, "classifier", fraction, classifiers["model"])
     return {"configs": results, "classifiers": classifiers}
+
+
+def sweep(h: Harness, cfg, parts: str, base: list[str], setting, fraction, results: dict) -> None:
+    """One fixed setting of the [oracle] sweep (bench/evaluation/sweep.py) on ``cfg``: its run under
+    the configuration's network, without a compute-only run (the oracle compares epoch times, not floors)."""
+    label = setting.label(fraction)
+    done = h.train(parts, os.path.join(h.out, "runs", cfg.key, label), cfg.ranks, setting.name,
+                   [*base, *setting.flags(fraction)], cfg.network)
+    if done:
+        results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts, "runs": {}})
+        results[cfg.key]["runs"][label] = figures(done, parts)
 
 
 def train_classifiers(h: Harness, results: dict) -> dict:

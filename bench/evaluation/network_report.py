@@ -24,7 +24,7 @@ def floor_table(r: dict, distdgl: dict | None) -> list[str]:
              "| x DistDGL | counted / logged bytes |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, fig in r["runs"].items():
-        policy, _, f = label.partition("-f") if label not in FRACTION_FREE else (label, "", "")
+        policy, _, f = label.rpartition("-f") if label not in FRACTION_FREE else (label, "", "")  # last: sweep-fixed-...
         fl = fig.get("floor") or {}
         lines.append(f"| {policy} | {f or '-'} | {fmt(fig['epoch_seconds'], '.2f')} | {fmt(fl.get('compute_seconds'), '.2f')} "
                      f"| {fmt((fl.get('wire_bytes_per_epoch') or 0) / MIB if fl else None, ',.0f')} "

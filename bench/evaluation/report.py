@@ -18,6 +18,7 @@ from bench.evaluation.floor import floor
 from bench.evaluation.grid import FRACTION_FREE, REPO, Network
 from bench.evaluation.harness import Harness, figures
 from bench.evaluation.network_report import floor_table, targets
+from bench.evaluation.oracle import oracle_section, oracle_targets
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_template.md")
 
@@ -50,7 +51,7 @@ def policy_table(r: dict, fractions: list) -> list[str]:
     lines = ["| policy | f | remote rows/epoch | x none | x fixed | epoch s | x none | x fixed | hits % | test acc |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for label, fig in runs.items():
-        policy, _, f = label.partition("-f") if label not in FRACTION_FREE else (label, "", "")
+        policy, _, f = label.rpartition("-f") if label not in FRACTION_FREE else (label, "", "")  # last: sweep-fixed-...
         fixed = runs.get(f"fixed-f{f}", {}) if f else {}
         lines.append(f"| {policy} | {f or '-'} | {fmt(fig['rows_per_epoch'], ',.0f')} "
                      f"| {ratio(fig['rows_per_epoch'], none.get('rows_per_epoch'))} "
@@ -177,7 +178,10 @@ def report(h: Harness, results: dict, command: str) -> str:
                              f"| {ratio(r.get('epoch_seconds'), none.get('epoch_seconds'))} "
                              f"| {fmt(r.get('epoch_seconds_overlap'), '.4f')} "
                              f"| {ratio(r.get('epoch_seconds_overlap'), none.get('epoch_seconds_overlap'))} |")
-    met = targets(g, results["grid"]["configs"], results["distdgl"])
+    oracle = oracle_section(g, results["grid"]["configs"])
+    if oracle:
+        lines += ["", "## The hindsight oracle", "", *fill("oracle"), "", *oracle]
+    met = targets(g, results["grid"]["configs"], results["distdgl"]) + oracle_targets(g, results["grid"]["configs"])
     if met:
         lines += ["", "## Targets", "", *fill("targets"), "", *met]
     if g.get("not_measured"):

@@ -3,7 +3,8 @@ its buffer (``buffer_class``) does the how. A policy is one class and one ``@reg
 
     none       no buffer: every remote row is fetched (the DistDGL baseline)
     static     fill once (by --buffer-init), never replace (MassiveGNN with delta = alpha = 0)
-    fixed      replace every --delta minibatches, counted across epochs (MassiveGNN, "DistDGL+fixed")
+    fixed      replace every --delta minibatches, counted across epochs (MassiveGNN, "DistDGL+fixed"),
+               each replacement at most --refill-budget of the capacity
     heuristic  ask the node's agent rank, which applies the paper's prompt rules (rudder.agent)
     classifier ask the node's agent rank, where a model trained offline decides
     llm        ask the node's agent rank, where a small LLM decides in context
@@ -137,12 +138,19 @@ class Fixed(Policy):
     def log_tables(self) -> dict:
         return {"classifier_trace": CLASSIFIER_TRACE_ROW} if self.cfg.buffer.collect_traces else {}
 
+    budget = None  # most slots a replacement may take (--refill-budget; None: no bound)
+
     def start(self, ctx: PolicyContext) -> None:
         if self.cfg.buffer.collect_traces:
             self.collector = TraceCollector(ctx.facts, self.cfg.agent.window, ctx.log)
+        if self.cfg.buffer.refill_budget < 1:  # bounded as an agent's structured budget is, by the same buffer code
+            self.budget = int(self.cfg.buffer.refill_budget * ctx.facts["capacity"])
 
     def wants_replacement(self, view: MinibatchView) -> bool:
         return view.counter % self.cfg.buffer.delta == 0
+
+    def refill_budget(self) -> int | None:
+        return self.budget
 
     def observe(self, view: MinibatchView, refills: int) -> None:
         if self.collector is not None:

@@ -114,6 +114,10 @@ class BufferSection:
     replay: str = option("", "with --policy replay: repeat this earlier run's replacements at the same minibatches",
                          metavar="RUN")
     collect_traces: bool = option(False, "with --policy fixed: log one classifier training row per replacement interval")
+    refill_budget: float = option(1.0, "with --policy fixed: the most rows each replacement may take, floor(F x the "
+                                  "buffer's capacity), applied as an agent's structured refill budget is (1: no "
+                                  "bound, the paper's replacement)",
+                                  check=(lambda v: 0 < v <= 1, "a fraction of the buffer's capacity in (0, 1]"))
 
 
 @dataclass
@@ -228,6 +232,8 @@ class TrainConfig:
              "a model file from python -m rudder.classifier train (needed by --policy classifier)")
         need(b.policy == "fixed" or not b.collect_traces, "--collect-traces", b.collect_traces,
              "only with --policy fixed (collection mode)")
+        need(b.policy == "fixed" or b.refill_budget == 1, "--refill-budget", b.refill_budget,
+             "only with --policy fixed (an agent's structured action sets its own budget)")
         need((b.policy == "replay") == bool(b.replay), "--replay", b.replay, "a run directory, with --policy replay only")
         need(b.sharing == "trainer" or self.data.partition_mode == "node", "--buffer-sharing", b.sharing,
              "trainer, unless --partition-mode node (a node's trainers share one halo only then)")

@@ -1,0 +1,129 @@
+"""The hindsight oracle of a grid's ``[oracle]`` table: a sweep of fixed settings (fixed's replacement
+period x refill budget x buffer scope, and lookahead's window x buffer scope), run on every
+configuration and buffer fraction beside the grid's policies; after the fact, per configuration and
+fraction, the best of them (by epoch time, and by remote rows separately), and every steered policy
+stated against it and against the better of the two static buffers (degree and VIP); the grid's
+``[targets.oracle]`` checked on those ratios (docs/evaluation.md, "The hindsight oracle")."""
+from __future__ import annotations
+
+from bench.evaluation.grid import AGENT_POLICIES
+from bench.evaluation.network_report import fmt, ratio, verdict
+from bench.evaluation.sweep import STATICS, SWEEP
+
+
+def steady(config: dict) -> bool:
+    """Whether a configuration runs without time-varying congestion and without a mid-run shift
+    (the ``shift`` field a configuration gets from the grid's shift key; absent or "none": no shift)."""
+    net = config.get("network") or {}
+    return net.get("congestion", "none") == "none" and config.get("shift", "none") in (None, "none")
+
+
+def at_fraction(runs: dict, fraction) -> dict:
+    """The runs of one buffer fraction, by policy label (the sweep's by their setting's name)."""
+    suffix = f"-f{fraction}"
+    return {label[:-len(suffix)]: fig for label, fig in runs.items() if label.endswith(suffix)}
+
+
+def best(candidates: dict, figure: str) -> tuple[str, dict] | None:
+    """The candidate with the least ``figure`` (epoch_seconds or rows_per_epoch); ties: the first."""
+    have = [(k, v) for k, v in candidates.items() if isinstance(v.get(figure), (int, float))]
+    return min(have, key=lambda kv: kv[1][figure]) if have else None
+
+
+def hindsight(runs: dict, fraction) -> dict | None:
+    """One configuration at one fraction: the hindsight-best fixed setting by epoch time and by rows
+    (of the sweep and the grid's own fixed and lookahead runs), the better static by epoch time, and
+    each steered policy's figures against them; None where nothing of the sweep ran."""
+    at = at_fraction(runs, fraction)
+    fixed = {k: v for k, v in at.items() if k.startswith(SWEEP) or k in ("fixed", "lookahead")}
+    if not any(k.startswith(SWEEP) for k in fixed):
+        return None
+    by_time, by_rows = best(fixed, "epoch_seconds"), best(fixed, "rows_per_epoch")
+    statics = {k: at[k] for k in STATICS if k in at}
+    static = best(statics, "epoch_seconds")
+    steered = {}
+    for policy in (p for p in at if p in AGENT_POLICIES):
+        fig = at[policy]
+        d = fig.get("decisions") or {}
+        steered[policy] = {
+            "epoch_seconds": fig["epoch_seconds"], "rows_per_epoch": fig["rows_per_epoch"],
+            "over_oracle": ratio(fig["epoch_seconds"], by_time[1]["epoch_seconds"] if by_time else None),
+            "rows_over_oracle": ratio(fig["rows_per_epoch"], by_rows[1]["rows_per_epoch"] if by_rows else None),
+            "over_static": ratio(fig["epoch_seconds"], static[1]["epoch_seconds"] if static else None),
+            "invalid_rate": d.get("invalid_rate"), "latency_p50": d.get("latency_p50"),
+            "pass_at_1": d.get("pass_at_1_hitrate"), "pass_at_1_ci95": d.get("pass_at_1_hitrate_ci95")}
+    strongest = min(steered, key=lambda p: steered[p]["epoch_seconds"] or float("inf"), default=None)
+    return {"settings": len(fixed),
+            "by_time": by_time and {"setting": by_time[0], "epoch_seconds": by_time[1]["epoch_seconds"]},
+            "by_rows": by_rows and {"setting": by_rows[0], "rows_per_epoch": by_rows[1]["rows_per_epoch"]},
+            "static": {k: {"epoch_seconds": v["epoch_seconds"], "rows_per_epoch": v["rows_per_epoch"]}
+                       for k, v in statics.items()},
+            "better_static": static and static[0],
+            "vip_over_degree_rows": ratio((statics.get("static-vip") or {}).get("rows_per_epoch"),
+                                          (statics.get("static") or {}).get("rows_per_epoch")),
+            "steered": steered, "strongest": strongest}
+
+
+def oracle_results(grid: dict, configs: dict) -> dict:
+    """{configuration key: {fraction: hindsight(...)}} of every configuration the sweep ran on."""
+    out = {}
+    for key, r in configs.items():
+        at = {str(f): h for f in grid["grid"]["fractions"] if (h := hindsight(r["runs"], f)) is not None}
+        if at:
+            out[key] = at
+    return out
+
+
+def oracle_section(grid: dict, configs: dict) -> list[str]:
+    """The report's lines: the oracle and the statics per configuration and fraction, then every
+    steered policy against them (none without an [oracle] table)."""
+    found = oracle_results(grid, configs)
+    if not found:
+        return []
+    lines = ["| configuration | f | steady | settings | best fixed by time | epoch s | best fixed by rows | rows/epoch "
+             "| static degree s | static vip s | static degree rows | static vip rows | vip / degree rows |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, at in found.items():
+        for f, o in at.items():
+            t, r, s = o["by_time"] or {}, o["by_rows"] or {}, o["static"]
+            deg, vip = s.get("static", {}), s.get("static-vip", {})
+            lines.append(f"| {key} | {f} | {'yes' if steady(configs[key]['config']) else 'no'} | {o['settings']} "
+                         f"| {t.get('setting', '-')} | {fmt(t.get('epoch_seconds'), '.3f')} | {r.get('setting', '-')} "
+                         f"| {fmt(r.get('rows_per_epoch'), ',.0f')} | {fmt(deg.get('epoch_seconds'), '.3f')} "
+                         f"| {fmt(vip.get('epoch_seconds'), '.3f')} | {fmt(deg.get('rows_per_epoch'), ',.0f')} "
+                         f"| {fmt(vip.get('rows_per_epoch'), ',.0f')} | {fmt(o['vip_over_degree_rows'], '.3f')} |")
+    lines += ["", "| configuration | f | policy | epoch s | x best fixed (time) | x better static | rows/epoch "
+              "| x best fixed (rows) | invalid rate | latency p50 s | Pass@1 hit rate |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, at in found.items():
+        for f, o in at.items():
+            for policy, p in o["steered"].items():
+                pass_at_1 = (f"{p['pass_at_1']:.2f} +- {p['pass_at_1_ci95']:.2f}"
+                             if isinstance(p["pass_at_1"], float) and isinstance(p["pass_at_1_ci95"], float) else "-")
+                lines.append(f"| {key} | {f} | {policy} | {fmt(p['epoch_seconds'], '.3f')} | {fmt(p['over_oracle'], '.3f')} "
+                             f"| {fmt(p['over_static'], '.3f')} ({o['better_static'] or '-'}) "
+                             f"| {fmt(p['rows_per_epoch'], ',.0f')} | {fmt(p['rows_over_oracle'], '.3f')} "
+                             f"| {fmt(p['invalid_rate'], '.3f')} | {fmt(p['latency_p50'], '.3f')} | {pass_at_1} |")
+    return lines
+
+
+def oracle_targets(grid: dict, configs: dict) -> list[str]:
+    """``[targets.oracle]``, per configuration and fraction, for the strongest steered policy there:
+    ``over_oracle`` and ``over_static`` where the configuration is not steady (congestion or a
+    shift), ``steady_over_oracle`` where it is."""
+    want = grid.get("targets", {}).get("oracle", {})
+    out = []
+    for key, at in oracle_results(grid, configs).items():
+        calm = steady(configs[key]["config"])
+        for f, o in at.items():
+            p = o["steered"].get(o["strongest"]) if o["strongest"] else None
+            checks = [("steady_over_oracle", "the hindsight-best fixed setting", o["by_time"] and o["by_time"]["setting"],
+                       "over_oracle")] if calm else [
+                ("over_oracle", "the hindsight-best fixed setting", o["by_time"] and o["by_time"]["setting"], "over_oracle"),
+                ("over_static", "the better static", o["better_static"], "over_static")]
+            for target, what, which, figure in checks:
+                if target in want:
+                    out.append(f"- {key}, f={f}{' (steady)' if calm else ''}: the strongest steered policy "
+                               f"({o['strongest'] or 'none ran'}) over {what} ({which or '-'}) "
+                               f"{verdict(p[figure] if p else None, want[target])}")
+    return out

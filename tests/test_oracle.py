@@ -1,0 +1,164 @@
+"""The hindsight oracle (bench/evaluation/sweep.py, oracle.py) without training: a grid's [oracle]
+table expands into one labelled run per fixed setting, each with flags the trainer accepts; bad
+tables are one line naming the key; from a synthetic results table the best fixed setting is
+picked by epoch time and by rows separately, the steered policies are stated against it and the
+better static, and [targets.oracle] is checked where it applies (congested vs steady). The
+smoke grid bench/grids/oracle-tiny.toml and the agent grid load."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import REPO
+
+from bench.evaluation.grid import GridError, load_grid, policy_flags
+from bench.evaluation.oracle import hindsight, oracle_section, oracle_targets, steady
+from bench.evaluation.report import policy_table
+from bench.evaluation.sweep import settings
+from rudder.train.config import parse_config
+
+GRID = """
+[datasets]
+a = "bundled:cora"
+[grid]
+ranks = [2]
+fractions = [0.25]
+policies = ["none", "static", "static-vip", "fixed", "heuristic", "tuner"]
+"""
+ORACLE = """
+[oracle]
+delta = [4, 8]
+refill = [1.0, 0.25]
+scope = ["halo", "remote"]
+lookahead = [2, 4]
+"""
+
+
+TRAIN = ["--data", "parts", "--run-dir", "run"]  # what the harness adds to a run's flags
+
+
+def write(tmp_path, text):
+    path = tmp_path / "grid.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_sweep_expands_into_one_labelled_run_per_setting(tmp_path):
+    grid = load_grid(write(tmp_path, GRID + ORACLE))
+    labels = [s.label(0.25) for s in settings(grid)]
+    assert len(labels) == 2 * 2 * 2 + 2 * 2 == len(set(labels))
+    assert labels[:2] == ["sweep-fixed-d4-b1-halo-f0.25", "sweep-fixed-d4-b1-remote-f0.25"]
+    assert "sweep-fixed-d8-b0.25-remote-f0.25" in labels and labels[-1] == "sweep-lookahead-w4-remote-f0.25"
+    for s in settings(grid):  # every setting's flags are the trainer's own options, meaning what the label says
+        cfg = parse_config([*TRAIN, *s.flags(0.25)]).buffer
+        assert (cfg.policy, cfg.fraction, cfg.scope) == (s.policy, 0.25, s.scope)
+        if s.policy == "fixed":
+            assert (cfg.delta, cfg.refill_budget) == (s.delta, s.refill)
+        else:
+            assert cfg.lookahead == s.window
+    assert settings(load_grid(write(tmp_path, GRID))) == []  # no [oracle]: no sweep
+    vip = parse_config([*TRAIN, *policy_flags("static-vip", 0.25, None)]).buffer
+    assert (vip.policy, vip.init, vip.fraction) == ("static", "vip", 0.25)
+
+
+@pytest.mark.parametrize("table, expected", [
+    ("[oracle]\ndelta = [4, 0]\n", "[oracle] delta must be a list of periods"),
+    ("[oracle]\ndelta = [4]\nrefill = [1.5]\n", "[oracle] refill must be a list of fractions"),
+    ("[oracle]\ndelta = [4]\nscope = ['node']\n", "[oracle] scope must be a list"),
+    ("[oracle]\ndelta = [4]\nwindow = [2]\n", "[oracle] unknown key 'window'"),
+    ("[oracle]\nscope = ['halo']\n", "[oracle] needs delta or lookahead"),
+    ("[oracle]\ndelta = 4\n", "[oracle] delta must be a list"),
+    ("[targets.oracle]\nover_oracle = 0.95\n", "[targets.oracle] needs an [oracle] table"),
+    ("[oracle]\ndelta = [4]\n[targets.oracle]\nover_best = 0.95\n", "[targets.oracle] 'over_best' must be one of"),
+])
+def test_a_bad_oracle_table_is_one_line(tmp_path, table, expected):
+    path = write(tmp_path, GRID + table)
+    with pytest.raises(GridError) as e:
+        load_grid(path)
+    assert expected in str(e.value) and path in str(e.value) and "\n" not in str(e.value)
+
+
+def fig(epoch, rows, **decisions):
+    return {"epoch_seconds": epoch, "rows_per_epoch": rows, **({"decisions": decisions} if decisions else {})}
+
+
+RUNS = {"none": fig(3.0, 900), "static-f0.25": fig(2.4, 700), "static-vip-f0.25": fig(2.2, 650),
+        "fixed-f0.25": fig(2.3, 500), "lookahead-f0.25": fig(2.5, 300),
+        "sweep-fixed-d4-b1-halo-f0.25": fig(2.1, 450), "sweep-fixed-d8-b0.25-remote-f0.25": fig(2.0, 600),
+        "sweep-lookahead-w2-halo-f0.25": fig(2.6, 280),
+        "heuristic-f0.25": fig(1.9, 520, invalid_rate=0.0, latency_p50=0.01, pass_at_1_hitrate=0.5,
+                                pass_at_1_hitrate_ci95=0.1),
+        "tuner-f0.25": fig(1.8, 610), "llm-f0.25": fig(2.05, 500, invalid_rate=0.0, latency_p50=1.5),
+        "static-f0.05": fig(1.0, 1)}  # another fraction: never compared with 0.25's
+
+
+def test_the_hindsight_best_is_picked_by_time_and_by_rows_separately():
+    o = hindsight(RUNS, 0.25)
+    assert o["settings"] == 5  # the sweep's three and the grid's own fixed and lookahead runs
+    assert o["by_time"] == {"setting": "sweep-fixed-d8-b0.25-remote", "epoch_seconds": 2.0}
+    assert o["by_rows"] == {"setting": "sweep-lookahead-w2-halo", "rows_per_epoch": 280}
+    assert o["better_static"] == "static-vip" and o["vip_over_degree_rows"] == pytest.approx(650 / 700)
+    assert set(o["steered"]) == {"heuristic", "tuner", "llm"} and o["strongest"] == "tuner"
+    t = o["steered"]["tuner"]
+    assert t["over_oracle"] == pytest.approx(0.9) and t["over_static"] == pytest.approx(1.8 / 2.2)
+    assert t["rows_over_oracle"] == pytest.approx(610 / 280)
+    assert o["steered"]["llm"]["latency_p50"] == 1.5 and o["steered"]["heuristic"]["pass_at_1_ci95"] == 0.1
+    without_sweep = {k: v for k, v in RUNS.items() if not k.startswith("sweep-")}
+    assert hindsight(without_sweep, 0.25) is None  # the grid's fixed run alone is no oracle
+    # a tie goes to the first in the table, and a run without a figure is no candidate
+    tied = {**RUNS, "sweep-fixed-d4-b1-halo-f0.25": fig(2.0, None)}
+    assert hindsight(tied, 0.25)["by_time"]["setting"] == "sweep-fixed-d4-b1-halo"
+    assert hindsight(tied, 0.25)["by_rows"]["setting"] == "sweep-lookahead-w2-halo"
+
+
+def configs(congestion="none", runs=RUNS, shift=None):
+    net = {"rate": "1gbit", "links": "shared", "congestion": congestion}
+    config = {"dataset": "a", "ranks": 2, "network": net, **({"shift": shift} if shift else {})}
+    return {"a-p2": {"config": config, "runs": runs}}
+
+
+def test_the_targets_hold_the_strongest_steered_policy_where_they_apply(tmp_path):
+    grid = load_grid(write(tmp_path, GRID + ORACLE + "[targets.oracle]\nover_oracle = 0.95\nover_static = 0.9\n"
+                                                     "steady_over_oracle = 1.02\n"))
+    congested = oracle_targets(grid, configs("square:600mbit,period=2"))
+    assert congested == [
+        "- a-p2, f=0.25: the strongest steered policy (tuner) over the hindsight-best fixed setting "
+        "(sweep-fixed-d8-b0.25-remote) met: 0.90x (target <= 0.95x)",
+        "- a-p2, f=0.25: the strongest steered policy (tuner) over the better static (static-vip) "
+        "met: 0.82x (target <= 0.9x)"]
+    calm = oracle_targets(grid, configs())
+    assert calm == ["- a-p2, f=0.25 (steady): the strongest steered policy (tuner) over the hindsight-best fixed "
+                    "setting (sweep-fixed-d8-b0.25-remote) met: 0.90x (target <= 1.02x)"]
+    slow = {**RUNS, "tuner-f0.25": fig(2.5, 610), "heuristic-f0.25": fig(2.3, 1), "llm-f0.25": fig(2.2, 1)}
+    assert "NOT met: 1.10x (target <= 1.02x)" in oracle_targets(grid, configs(runs=slow))[0]
+    assert steady(configs()["a-p2"]["config"]) and not steady(configs(shift="at=0.5")["a-p2"]["config"])
+    assert not steady(configs("square:1gbit,period=1")["a-p2"]["config"]) and steady({"network": None})
+    assert oracle_targets(load_grid(write(tmp_path, GRID + ORACLE)), configs()) == []  # no [targets.oracle]
+
+
+def test_the_report_section_states_every_steered_policy(tmp_path):
+    grid = load_grid(write(tmp_path, GRID + ORACLE))
+    lines = oracle_section(grid, configs())
+    assert lines[2] == ("| a-p2 | 0.25 | yes | 5 | sweep-fixed-d8-b0.25-remote | 2.000 | sweep-lookahead-w2-halo | 280 "
+                        "| 2.400 | 2.200 | 700 | 650 | 0.929 |")
+    rows = [line for line in lines if line.startswith("| a-p2 | 0.25 | ") and line.count("|") == 12]
+    assert [r.split(" | ")[2] for r in rows] == ["heuristic", "tuner", "llm"]
+    assert rows[0] == ("| a-p2 | 0.25 | heuristic | 1.900 | 0.950 | 0.864 (static-vip) | 520 | 1.857 | 0.000 | 0.010 "
+                       "| 0.50 +- 0.10 |")
+    assert rows[2].endswith("| 0.000 | 1.500 | - |")
+    assert oracle_section(grid, configs(runs={k: v for k, v in RUNS.items() if not k.startswith("sweep")})) == []
+
+
+@pytest.mark.parametrize("name", ["agent.toml", "oracle-tiny.toml"])
+def test_the_oracle_grids_load(name):
+    grid = load_grid(os.path.join(REPO, "bench", "grids", name))
+    assert settings(grid) and {"static", "static-vip", "heuristic", "tuner", "llm"} <= set(grid["grid"]["policies"])
+    assert {"none", "square"} <= {c.partition(":")[0] for c in grid["network"]["congestion"]}
+    assert set(grid["targets"]["oracle"]) == {"over_oracle", "over_static", "steady_over_oracle"}
+
+
+def test_the_policy_table_names_a_sweep_run_by_its_setting():
+    runs = {label: {**f, "hit_percent": 1.0, "test_acc": 0.5} for label, f in RUNS.items()}
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1] for line in policy_table({"runs": runs}, [0.25])[2:]}
+    assert rows["sweep-fixed-d8-b0.25-remote"] == "0.25" and rows["static-vip"] == "0.25" and rows["none"] == "-"
+
