@@ -10,6 +10,12 @@ tests for answers, and whatever its model takes from the trainers' cores. Target
 
     python bench/agent.py [--parts 2] [--epochs 6] [--batch-size 256] [--decisions 6] [--agent-action structured]
     python bench/agent.py --latency-only [--decisions 12]   (paper vs structured answers, side by side)
+    python bench/agent.py --transports [--policy heuristic] [--repeats 2] [--agent-window 1]
+
+``--transports``: the same run over ``--agent-transport p2p`` (a request and an answer per trainer
+point-to-point) and ``collective`` (an Igather and an Iscatter per window on the node), repeated
+alternately; epoch time (median over epochs, slowest trainer) and decisions answered of each, and
+collective / p2p.
 """
 from __future__ import annotations
 
@@ -46,6 +52,24 @@ def pair(parts: str, out: str, n: int, policy: str, flags: list[str]) -> dict:
             "rows": a["traffic"]["remote_rows_fetched_per_epoch"]}
 
 
+def transports(parts: str, out: str, n: int, policy: str, flags: list[str], repeats: int) -> None:
+    print(f"{'transport':10} {'repeat':>6} {'epoch s':>8} {'decisions':>9} {'latency s':>9} {'gap p50':>7} {'stale':>5}")
+    epochs: dict[str, list[float]] = {"p2p": [], "collective": []}
+    for r in range(repeats):
+        for transport in epochs:
+            run = os.path.join(out, f"{policy}-{transport}")
+            train_job(parts, run, n + 1, 1, ["--policy", policy, "--agent-cores", "1", "--agent-transport", transport,
+                                             *flags])
+            s = summarize(load_run(run))
+            epochs[transport].append(s["epochs"]["median_seconds"])
+            print(f"{transport:10} {r:6d} {epochs[transport][-1]:8.3f} {s['decisions']['count']:9d} "
+                  f"{s['decisions']['latency_mean'] or 0:9.4f} {s['decisions']['gap_p50'] or 0:7.1f} "
+                  f"{s['decisions']['stale']:5d}", flush=True)
+    p2p, coll = float(np.median(epochs["p2p"])), float(np.median(epochs["collective"]))
+    print(f"median epoch s: p2p {p2p:.3f}, collective {coll:.3f}; collective / p2p {coll / p2p:.3f}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+
+
 def latency(model: str, threads: int, decisions: int, action: str = "paper") -> tuple[float, float]:
     """Mean decision seconds after the first (warm) one, and the share of fallbacks."""
     llm = LLM(TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "llm", "llm_model": model,
@@ -72,6 +96,10 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "bench-agent"))
     ap.add_argument("--agent-action", default="paper", choices=("paper", "structured"))
     ap.add_argument("--latency-only", action="store_true", help="only the default model's latency, paper vs structured")
+    ap.add_argument("--transports", action="store_true", help="only p2p vs collective agent transport, side by side")
+    ap.add_argument("--policy", default="heuristic", help="with --transports: the agent policy")
+    ap.add_argument("--repeats", type=int, default=2, help="with --transports: runs of each transport")
+    ap.add_argument("--agent-window", type=int, default=1)
     a = ap.parse_args()
     if a.latency_only:
         print(f"decision latency, SmolLM2-135M-Instruct, 1 thread, {a.decisions} decisions (first one warm), "
@@ -85,8 +113,13 @@ def main() -> int:
     else:
         name, spec = "cora", f"planetoid:{os.path.join(REPO, 'data', 'cora')}:cora"
     parts = cached_partition(spec, a.parts, os.path.join(a.out, f"{name}-{a.parts}"))
-    flags = ["--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--agent-window", "1",
+    flags = ["--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--agent-window", str(a.agent_window),
              "--agent-action", a.agent_action]
+    if a.transports:
+        print(f"{name}, {a.parts} trainers + 1 agent (its own core), batch {a.batch_size}, {a.epochs} epochs, "
+              f"--policy {a.policy}, window {a.agent_window}; {os.cpu_count()} cores")
+        transports(parts, a.out, a.parts, a.policy, flags, a.repeats)
+        return 0
     print(f"{name}, {a.parts} trainers + 1 agent (its own core), batch {a.batch_size}, {a.epochs} epochs; "
           f"{os.cpu_count()} cores")
     print(f"{'policy':10} {'epoch s':>8} {'replay s':>8} {'ratio':>6} {'decisions':>9} {'latency s':>9} {'rows/epoch':>10}")

@@ -13,7 +13,7 @@ from conftest import BUNDLED_CORA, read_logs, run_train
 
 from rudder.agent.deciders.base import TrainerContext
 from rudder.agent.deciders.heuristic import Heuristic
-from rudder.agent.protocol import EVICT, KEEP
+from rudder.agent.protocol import EVICT, KEEP, window_counters
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,63 @@ def test_a_slow_agent_never_blocks_training(parts, tmp_path):
         assert gaps and max(gaps) > 1
     trained = [e["minibatches"].size for e in logs.values() if e["role"] == "trainer"]
     assert len(set(trained)) == 1 and trained[0] > sum(e["decisions"].size for e in logs.values() if e["role"] == "agent")
+
+
+def test_the_collective_transport_answers_a_node_at_agreed_windows_without_blocking(parts, tmp_path):
+    # 100 minibatches per trainer, windows every 2, a tenth of a second per pass over a node's
+    # windows, at most 2 windows gathered ahead: the agent falls behind and decides several
+    # windows' requests in one pass while the trainers go on
+    logs = train(parts, str(tmp_path / "collective"), 6, "--policy", "heuristic", "--agent-transport", "collective",
+                 "--agent-window", "2", "--agent-windows-in-flight", "2", "--agent-delay", "0.1", "--agent-cores", "1",
+                 epochs=20)
+    assert all(e["status"] == "completed" for e in logs.values())
+    trained = [e["minibatches"].size for e in logs.values() if e["role"] == "trainer"]
+    assert trained == [100] * 4  # every trainer took every step: none waited for its agent
+    for agent in (e for e in logs.values() if e["role"] == "agent"):
+        d, o = agent["decisions"], agent["outcomes"]
+        node = agent["layout"]["node_id"]
+        mine = {r for r, e in logs.items() if e["role"] == "trainer" and e["layout"]["node_id"] == node}
+        assert set(d["trainer"].tolist()) == mine
+        assert ((d["minibatch"] + 1) % 2 == 0).all()  # requests only at the agreed windows
+        assert (d["latency"] >= 0.1).all()
+        # a pass over the windows gathered (its decisions share one latency) spans at most 2 windows
+        # and has one request per trainer at most (a trainer has one in flight at most)
+        for latency in np.unique(d["latency"]):
+            in_pass = d[d["latency"] == latency]
+            assert np.unique(in_pass["minibatch"]).size <= 2
+            assert np.unique(in_pass["trainer"]).size == in_pass.size
+        requested = {(int(t), int(r)): int(m) for t, r, m in zip(d["trainer"], d["request"], d["minibatch"])}
+        gaps = [int(a) - requested[(int(t), int(r))] for t, r, a in zip(o["trainer"], o["request"], o["applied_minibatch"])]
+        assert gaps and min(gaps) >= 1 and max(gaps) > 1  # answers land minibatches later: the trainers went on
+        assert (o["age"] == gaps).all()  # each outcome logged with its age
+
+
+def test_p2p_and_collective_make_the_same_decisions_under_a_fixed_latency(parts, tmp_path):
+    # windows of one minibatch: a trainer is due at the same minibatches over both transports
+    runs = {t: train(parts, str(tmp_path / t), 6, "--policy", "heuristic", "--agent-transport", t, "--agent-latency", "3")
+            for t in ("p2p", "collective")}
+    def by_request(table, columns):  # the agents log in the order they decide: p2p one at a time, collective by pass
+        return table[np.lexsort((table["request"], table["trainer"]))][list(columns)]
+
+    for rank, e in runs["p2p"].items():
+        other = runs["collective"][rank]
+        if e["role"] == "agent":
+            assert e["decisions"].size > 4 and (e["decisions"]["decision"] == EVICT).any()
+            columns = ("trainer", "request", "minibatch", "decision")
+            np.testing.assert_array_equal(by_request(e["decisions"], columns), by_request(other["decisions"], columns))
+            columns = ("trainer", "request", "applied_minibatch", "evicted", "age")
+            np.testing.assert_array_equal(by_request(e["outcomes"], columns), by_request(other["outcomes"], columns))
+        else:
+            for c in ("replaced", "loss", "asked_by"):
+                np.testing.assert_array_equal(e["minibatches"][c], other["minibatches"][c])
+
+
+def test_windows_are_counted_from_the_run_start():
+    assert list(window_counters(0, 10, 3)) == [2, 5, 8]
+    assert list(window_counters(5, 10, 3)) == [5, 8]  # resumed after minibatch 4: the same schedule
+    assert list(window_counters(6, 10, 3)) == [8]
+    assert list(window_counters(0, 3, 1)) == [0, 1, 2]
+    assert list(window_counters(0, 2, 3)) == []
 
 
 def context(history, hitrate=10.0, remaining=100):

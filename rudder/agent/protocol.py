@@ -23,7 +23,16 @@ back, and the trainer's side of the exchange (``DecisionLink``).
   reported back with the next request (the agent's outcomes table);
 * CHECKPOINT tells the agent its trainer checkpoints after a minibatch; BYE ends a trainer.
 
-``rudder.agent.link.AgentLink`` carries this over MPI; the simulator answers in-process.
+With windows at agreed minibatches (``aligned``, the collective transport) a request is due only
+after minibatch c with (c + 1) % window == 0 (``window_counters``: counted from the run's start,
+so a resumed run keeps the schedule), carrying the means of the fresh metrics since the previous
+window (at least one minibatch's), and every trainer of the node joins every window: a trainer
+that sends no request there (its decision outstanding, no fresh metrics, or, with a fixed
+latency, an answer that would come after the run's end) sends a SKIP row. The node's trainers
+all take the same minibatches (one gradient Allreduce each), so they all reach every window.
+
+``rudder.agent.link`` carries this over MPI (point-to-point or collectives); the simulator
+answers in-process.
 """
 from __future__ import annotations
 
@@ -35,7 +44,7 @@ from rudder.agent.action import Action, ActionLimits
 from rudder.logs.schema import FALLBACKS
 
 TAG_TO_AGENT, TAG_TO_TRAINER, TAG_BYE, TAG_READY = 71, 72, 73, 74  # BYE has a tag of its own: the agent probes for it alone
-HELLO, REQUEST, BYE, CHECKPOINT = 0, 1, 2, 3
+HELLO, REQUEST, BYE, CHECKPOINT, SKIP = 0, 1, 2, 3, 4  # SKIP: a window's row without a request
 KEEP, EVICT = 0, 1
 IMPACTS = ("stagnant", "increase", "decrease")
 # Per-minibatch metrics a trainer reports, averaged over its window: hit rate (cumulative integer
@@ -60,7 +69,8 @@ HELLO_FIELDS = ("kind", "world_rank", "num_nodes", "num_edges", "partition", "nu
 # DECISION payload: request id, the action (decision KEEP/EVICT, refill budget, window), predicted
 # hit-rate and comm impact (IMPACTS index), latency seconds, fallback code (FALLBACKS; 0: the decider's own)
 DECISION_FIELDS = ("request", "decision", "refill", "window", "hitrate_impact", "comm_impact", "latency", "fallback")
-MESSAGE_SIZE = max(len(REQUEST_FIELDS), len(HELLO_FIELDS))
+HELLO_START = len(HELLO_FIELDS)  # the HELLO message's last value: the minibatch the trainer starts from (resumed: > 0)
+MESSAGE_SIZE = max(len(REQUEST_FIELDS), HELLO_START + 1)
 
 
 @dataclass
@@ -92,6 +102,11 @@ def trainer_facts(meta, world_rank: int, partition: int, batch_size: int, total_
     return {"world_rank": world_rank, "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "partition": partition,
             "num_parts": meta.num_parts, "batch_size": batch_size, "total_minibatches": total_minibatches, "halo": halo,
             "capacity": capacity, "max_refill": limits.refill, "max_window": limits.window}
+
+
+def window_counters(start: int, total: int, window: int) -> range:
+    """The minibatches after which a window is due from minibatch ``start`` on (aligned windows)."""
+    return range((start + window) // window * window - 1, total, window)
 
 
 def accept(answer: np.ndarray, age: int, limits: ActionLimits, stale_after: int) -> tuple[Action, str]:
@@ -129,8 +144,8 @@ class DecisionLink:
     numbering, the previous decision's outcome and the fixed latency; ``_post`` sends a request,
     ``_arrived`` says whether its answer is here, ``_wait`` waits for it."""
 
-    def __init__(self, window: int, latency: int = 0):
-        self.window, self.latency, self.metrics = window, latency, []
+    def __init__(self, window: int, latency: int = 0, aligned: bool = False):
+        self.window, self.latency, self.aligned, self.metrics = window, latency, aligned, []
         self.next_id, self.outstanding, self.due, self.requested_at = 0, None, 0, -1
         self.report = [-1.0, -1.0, 0.0, 0.0, 0.0, 0.0]  # the previous decision's outcome (REPORT_FIELDS)
         self.refill_cost = [0.0, 0.0]  # rows and seconds of the latest refill
@@ -143,6 +158,9 @@ class DecisionLink:
 
     def _wait(self) -> np.ndarray:
         raise NotImplementedError
+
+    def _join(self, counter: int) -> None:
+        """Join the window after minibatch ``counter`` without a request (aligned windows)."""
 
     def poll(self) -> np.ndarray | None:
         """The answer (``DECISION_FIELDS``) to the outstanding request if it is to be applied on
@@ -169,8 +187,16 @@ class DecisionLink:
 
     def maybe_request(self, counter: int, epoch: int, step: int, remaining: int) -> bool:
         """Send a request after minibatch ``counter`` if one is due (``remaining``: minibatches
-        after this one; with a fixed latency, none whose answer would come after the run's end)."""
-        if self.outstanding is not None or len(self.metrics) < self.window or remaining < self.latency:
+        after this one; with a fixed latency, none whose answer would come after the run's end).
+        Called after every minibatch (one that acted on "evict" has no fresh metrics: it sends
+        nothing, but joins its window if one is due)."""
+        if self.aligned:
+            if (counter + 1) % self.window:
+                return False
+            if self.outstanding is not None or not self.metrics or remaining < self.latency:
+                self._join(counter)
+                return False
+        elif self.outstanding is not None or len(self.metrics) < self.window or remaining < self.latency:
             return False
         request = {"kind": REQUEST, "request": self.next_id, "counter": counter, "epoch": epoch, "step": step,
                    "remaining": remaining, **window_means(self.metrics[-self.window:]),

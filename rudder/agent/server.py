@@ -1,15 +1,29 @@
 """The agent rank: one per node, it serves its node's trainers' decisions (``rudder.agent.protocol``
-over point-to-point messages on the node communicator; the agent is the node's highest rank).
+on the node communicator; the agent is the node's highest rank), over one of two transports.
 
-Requests are answered oldest first, all messages that have arrived being taken in before each
+``--agent-transport collective`` (``CollectiveServer``): windows at agreed minibatches (every
+``--agent-window``, counted from the run's start). The node's trainers take the same minibatches
+and join a gradient Allreduce every step, so they reach each window within a step of one another
+anyway: every trainer joins every window's ``Igather`` (the agent its root), with a request or a
+SKIP row (its decision still outstanding: the metrics it gathered meanwhile are stale and
+dropped, as in p2p, so the agent has nothing to decide for it), and tests the window's
+``Iscatter`` of answers each minibatch, never waiting. The agent keeps up to
+``--agent-windows-in-flight`` gathers posted ahead on one duplicate of the node communicator,
+decides every request of the windows gathered so far in one pass (``DecisionService.answer_all``:
+one batched model call per node, which divides a model's cost by the trainers it serves), and
+answers each window with an ``Iscatter`` on another duplicate, in window order; gathers posted
+apart from answers let it keep gathering while it decides. A trainer has at most one request in
+flight, so an agent behind by several windows has no older request of a trainer to supersede: it
+decides them all together. The number of windows follows from the trainers' HELLO (total
+minibatches, start) and the window, so every collective posted is matched, at the run's end too.
+
+``--agent-transport p2p`` (``AgentServer``): a request per trainer whenever it is due, answered
+point-to-point. Requests are answered oldest first, all messages that have arrived being taken in before each
 decision, so one model serves its trainers fairly (MPI's ANY_SOURCE matching is not fair: low
 ranks could starve the others). BYE ends a trainer; the agent answers everything it received
 first (messages from one trainer are processed in order), cuts a decision short once it sees the
-trainer's BYE behind it, and exits when all its trainers said BYE.
-
-Point-to-point rather than nonblocking collectives: trainers reach their windows at different
-moments and must never wait for one another or for the agent, and an ``Igather`` completes only
-when every member of the node has joined it.
+trainer's BYE behind it, and exits when all its trainers said BYE. HELLO/READY, CHECKPOINT
+and BYE are point-to-point in both.
 """
 from __future__ import annotations
 
@@ -25,13 +39,17 @@ from rudder.agent.deciders import DECIDERS, Decider, TrainerContext, make_decide
 from rudder.agent.protocol import (
     BYE,
     CHECKPOINT,
+    DECISION_FIELDS,
     HELLO,
     HELLO_FIELDS,
+    HELLO_START,
     MESSAGE_SIZE,
+    REQUEST,
     REQUEST_FIELDS,
     TAG_BYE,
     TAG_READY,
     TAG_TO_TRAINER,
+    window_counters,
 )
 from rudder.agent.service import DecisionService
 from rudder.comm.runtime import library_versions
@@ -49,33 +67,42 @@ class AgentServer(DecisionService):
         self.trainers = self.comm.size - 1  # every other rank of the node trains
         self.checkpoints: dict[int, int] = {}  # counter: trainers that reported it
         self.gone: set[int] = set()  # trainers that said BYE
+        self.starts: dict[int, int] = {}  # the minibatch each trainer starts from (its HELLO)
+        self.sends: list = []
+        self.status = MPI.Status()
 
-    def answer(self, trainer: int, req: dict) -> np.ndarray:
-        # A BYE behind this request means nobody will use the answer (a trainer awaiting an
-        # answer sends nothing else but checkpoint notices, which have the common tag).
-        self.contexts[trainer].abandoned = lambda: trainer in self.gone or self.comm.Iprobe(source=trainer, tag=TAG_BYE)
-        return super().answer(trainer, req)
+    def answer_all(self, requests: list[tuple[int, dict]]) -> list[np.ndarray]:
+        # A BYE behind a request means nobody will use the answer (a trainer awaiting an answer
+        # sends nothing else point-to-point but checkpoint notices, which have the common tag).
+        for trainer, _ in requests:
+            self.contexts[trainer].abandoned = lambda t=trainer: t in self.gone or self.comm.Iprobe(source=t, tag=TAG_BYE)
+        return super().answer_all(requests)
+
+    def receive(self) -> list[tuple[int, dict]]:
+        """Take in every point-to-point message that has arrived; returns the requests among them."""
+        requests, status = [], self.status
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+            buf = np.zeros(MESSAGE_SIZE)
+            n = status.Get_count(MPI.DOUBLE)
+            self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=status.Get_tag())
+            trainer, kind = status.Get_source(), int(buf[0])
+            if kind == HELLO:  # the decider is built (and warm): the trainer may start
+                self.hello(trainer, dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist())))
+                self.starts[trainer] = int(buf[HELLO_START])
+                self.sends.append(self.comm.Isend(np.ones(1), dest=trainer, tag=TAG_READY))
+            elif kind == CHECKPOINT:
+                self.checkpoint(int(buf[1]))
+            elif kind == BYE:
+                self.gone.add(trainer)
+            else:
+                requests.append((trainer, dict(zip(REQUEST_FIELDS, buf[:len(REQUEST_FIELDS)].tolist()))))
+        return requests
 
     def serve(self) -> int:
         """Answer requests oldest first until every trainer said BYE; returns the decisions made."""
-        done, sends, waiting = 0, [], deque()
-        status, idle = MPI.Status(), 0.0005
-        while done < self.trainers or waiting:
-            while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
-                buf = np.zeros(MESSAGE_SIZE)
-                n = status.Get_count(MPI.DOUBLE)
-                self.comm.Recv([buf, n, MPI.DOUBLE], source=status.Get_source(), tag=status.Get_tag())
-                trainer, kind = status.Get_source(), int(buf[0])
-                if kind == HELLO:  # the decider is built (and warm): the trainer may start
-                    self.hello(trainer, dict(zip(HELLO_FIELDS[1:], buf[1:len(HELLO_FIELDS)].tolist())))
-                    sends.append(self.comm.Isend(np.ones(1), dest=trainer, tag=TAG_READY))
-                elif kind == CHECKPOINT:
-                    self.checkpoint(int(buf[1]))
-                elif kind == BYE:
-                    done += 1
-                    self.gone.add(trainer)
-                else:
-                    waiting.append((trainer, dict(zip(REQUEST_FIELDS, buf[:len(REQUEST_FIELDS)].tolist()))))
+        waiting, idle = deque(), 0.0005
+        while len(self.gone) < self.trainers or waiting:
+            waiting.extend(self.receive())
             if not waiting:  # idle: leave the core to the node's trainers, polling less and less often
                 self.log.maybe_flush()
                 time.sleep(idle)
@@ -84,9 +111,9 @@ class AgentServer(DecisionService):
             idle = 0.0005
             trainer, req = waiting.popleft()
             answer = self.answer(trainer, req)
-            sends = [r for r in sends if not r.Test()] + [self.comm.Isend(answer, dest=trainer, tag=TAG_TO_TRAINER)]
+            self.sends = [r for r in self.sends if not r.Test()] + [self.comm.Isend(answer, dest=trainer, tag=TAG_TO_TRAINER)]
             self.log.maybe_flush()
-        MPI.Request.Waitall(sends)
+        MPI.Request.Waitall(self.sends)
         return self.decisions
 
     def checkpoint(self, counter: int) -> None:
@@ -98,6 +125,71 @@ class AgentServer(DecisionService):
         self.log.flush()
         checkpoints.save(os.path.join(checkpoints.folder(self.run_dir, counter), agent_file(self.world_rank)),
                          {"counter": counter, "contexts": self.saved_contexts(), "log_rows": dict(self.log.written)})
+
+
+class CollectiveServer(AgentServer):
+    """The agent rank's loop over the collective transport (the module's docstring)."""
+
+    def __init__(self, layout, decider: Decider, log, window: int, in_flight: int, delay: float = 0.0,
+                 run_dir: str = "", contexts=None):
+        super().__init__(layout, decider, log, delay, run_dir, contexts)
+        self.window, self.in_flight = window, in_flight
+
+    def windows(self) -> range:
+        """The windows every trainer joins, from their HELLOs (all take the same minibatches)."""
+        totals = {int(c.facts["total_minibatches"]) for t, c in self.contexts.items() if t in self.starts}
+        starts = set(self.starts.values())
+        if len(totals) != 1 or len(starts) != 1:
+            raise RuntimeError(f"the node's trainers disagree on their minibatches (totals {sorted(totals)}, "
+                               f"starts {sorted(starts)}): the collective transport needs them equal")
+        return window_counters(starts.pop(), totals.pop(), self.window)
+
+    def duplicate(self):
+        comm, request = self.comm.Idup()
+        while not request.Test():  # with sleeps: the node's trainers may share this core
+            time.sleep(0.0005)
+        return comm
+
+    def serve(self) -> int:
+        """Gather, decide and answer every window until every window is answered and every
+        trainer said BYE; returns the decisions made."""
+        while len(self.starts) < self.trainers:  # every HELLO in (and READY sent) before the windows are known
+            self.receive()
+            time.sleep(0.0005)
+        gather_comm, scatter_comm = self.duplicate(), self.duplicate()
+        windows = self.windows()
+        size, rows = self.comm.size, len(DECISION_FIELDS)
+        own = np.zeros(MESSAGE_SIZE)  # the agent's own row of each gather (it has no request)
+        posted, gathered, scatters, answered, idle = deque(), [], [], 0, 0.0005
+        while answered < len(windows) or len(self.gone) < self.trainers:
+            self.receive()
+            while answered + len(gathered) + len(posted) < len(windows) and len(gathered) + len(posted) < self.in_flight:
+                counter = windows[answered + len(gathered) + len(posted)]
+                buf = np.zeros((size, MESSAGE_SIZE))
+                posted.append((counter, buf, gather_comm.Igather(own, buf, root=size - 1)))
+            while posted and posted[0][2].Test():  # in order: a window is complete once every trainer joined it
+                gathered.append(posted.popleft()[:2])
+            if not gathered:
+                self.log.maybe_flush()
+                time.sleep(idle)
+                idle = min(2 * idle, 0.005)
+                continue
+            idle = 0.0005
+            requests = [(counter, trainer, dict(zip(REQUEST_FIELDS, buf[trainer, :len(REQUEST_FIELDS)].tolist())))
+                        for counter, buf in gathered for trainer in range(self.trainers) if buf[trainer, 0] == REQUEST]
+            answers = self.answer_all([(trainer, req) for _, trainer, req in requests])
+            by_window: dict[int, np.ndarray] = {}
+            for (counter, trainer, _), answer in zip(requests, answers):
+                by_window.setdefault(counter, np.zeros((size, rows)))[trainer] = answer
+            scatters = [s for s in scatters if not s[0].Test()]
+            for counter, _ in gathered:  # a row of zeros answers a SKIP (the trainer reads no answer there)
+                out, mine = by_window.get(counter, np.zeros((size, rows))), np.zeros(rows)
+                scatters.append((scatter_comm.Iscatter(out, mine, root=size - 1), out, mine))  # holds the buffers
+            answered += len(gathered)
+            gathered = []
+            self.log.maybe_flush()
+        MPI.Request.Waitall(self.sends + [s[0] for s in scatters])
+        return self.decisions
 
 
 def agent_file(world_rank: int) -> str:
@@ -120,7 +212,12 @@ def run_agent(cfg, layout, meta) -> int:
     decider = make_decider(cfg, layout.threads_per_rank)
     log.flush(decider_build_seconds=time.perf_counter() - t, decider_ready_at=time.time())
     try:
-        decisions = AgentServer(layout, decider, log, cfg.agent.delay, cfg.output.run_dir, contexts).serve()
+        if cfg.agent.transport == "collective":
+            server = CollectiveServer(layout, decider, log, cfg.agent.window, cfg.agent.in_flight, cfg.agent.delay,
+                                      cfg.output.run_dir, contexts)
+        else:
+            server = AgentServer(layout, decider, log, cfg.agent.delay, cfg.output.run_dir, contexts)
+        decisions = server.serve()
     except Exception as e:
         log.close("failed", f"{type(e).__name__}: {e}")
         raise

@@ -29,31 +29,51 @@ class DecisionService:
 
     def answer(self, trainer: int, req: dict) -> np.ndarray:
         """The decision on request ``req`` (``REQUEST_FIELDS``) as a ``DECISION_FIELDS`` payload."""
+        return self.answer_all([(trainer, req)])[0]
+
+    def answer_all(self, requests: list[tuple[int, dict]]) -> list[np.ndarray]:
+        """The decisions on several trainers' requests (at most one each), made in one pass: the
+        decider sees all their contexts at once (``Decider.decide_all``: one batched model call),
+        and each decision's latency is the pass's."""
+        contexts = [self._latest(trainer, req) for trainer, req in requests]
+        start = time.perf_counter()
+        if self.delay:  # --agent-delay: a deliberately slow decision maker (experiments, tests)
+            time.sleep(self.delay)
+        decided: list[Decision | None] = [None] * len(contexts)
+        for i, ctx in enumerate(contexts):
+            if ctx.abandoned():  # finished while its request waited behind others': do not spend a decision on it
+                decided[i] = Decision(KEEP).fell_back("trainer_finished", "the trainer finished before the decision started")
+            elif check_observation(ctx.latest) != "none":
+                bad = {k: v for k, v in ctx.latest.items() if not (np.isfinite(v) and v >= 0)}
+                decided[i] = Decision(KEEP).fell_back("invalid_observation", f"not finite or negative: {bad}")
+        asked = [i for i, d in enumerate(decided) if d is None]
+        try:
+            for i, d in zip(asked, self.decider.decide_all([contexts[i] for i in asked]), strict=True):
+                decided[i] = d
+        except Exception as e:  # a decision maker's failure must never stop training
+            for i in asked:
+                decided[i] = Decision(KEEP).fell_back("error", f"{type(e).__name__}: {e}")
+        for i, (ctx, d) in enumerate(zip(contexts, decided)):
+            limits = ActionLimits.of(ctx.facts)
+            action = d.resolved(limits)
+            code = action.validate(limits)
+            if code != "none":  # the decider's answer is not an action this trainer can take
+                decided[i] = Decision(KEEP, raw=d.raw, prompt=d.prompt).fell_back(code, f"{action} outside {limits}")
+        latency = time.perf_counter() - start
+        return [self._logged(ctx, req, d, latency) for ctx, (_, req), d in zip(contexts, requests, decided)]
+
+    def _latest(self, trainer: int, req: dict) -> TrainerContext:
+        """The trainer's context, its previous decision reflected on and the request's window its latest."""
         ctx = self.contexts[trainer]
         self.reflect(ctx, req)
         ctx.latest = {k: req[k] for k in ("counter", "epoch", "step", "remaining", *WINDOW_METRICS, "refill_rows",
                                           "refill_seconds")}
         ctx.latest.update(conditions(ctx.latest))
-        limits = ActionLimits.of(ctx.facts)
-        start = time.perf_counter()
-        if self.delay:  # --agent-delay: a deliberately slow decision maker (experiments, tests)
-            time.sleep(self.delay)
-        try:
-            if ctx.abandoned():  # finished while its request waited behind others': do not spend a decision on it
-                d = Decision(KEEP).fell_back("trainer_finished", "the trainer finished before the decision started")
-            elif check_observation(ctx.latest) != "none":
-                bad = {k: v for k, v in ctx.latest.items() if not (np.isfinite(v) and v >= 0)}
-                d = Decision(KEEP).fell_back("invalid_observation", f"not finite or negative: {bad}")
-            else:
-                d = self.decider.decide(ctx)
-            action = d.resolved(limits)
-            code = action.validate(limits)
-            if code != "none":  # the decider's answer is not an action this trainer can take
-                d = Decision(KEEP, raw=d.raw, prompt=d.prompt).fell_back(code, f"{action} outside {limits}")
-        except Exception as e:  # a decision maker's failure must never stop training
-            d = Decision(KEEP).fell_back("error", f"{type(e).__name__}: {e}")
-        action = d.resolved(limits)
-        latency = time.perf_counter() - start
+        return ctx
+
+    def _logged(self, ctx: TrainerContext, req: dict, d: Decision, latency: float) -> np.ndarray:
+        """Log decision ``d`` on ``req`` and return its payload."""
+        action = d.resolved(ActionLimits.of(ctx.facts))
         ctx.pending = {"request": int(req["request"]), "decision": int(action.evict), "hitrate": req["hitrate"],
                        "comm_volume": req["comm_volume"], "counter": int(req["counter"])}
         self.decisions += 1

@@ -268,13 +268,14 @@ class AgentPolicy(Policy):
         if self.applying is not None:
             self.link.record_outcome(self.applying[0], view.counter, refills, view.candidates, self.applying[2],
                                      self.applying[3])
-            if self.applying[1]:
-                return  # a minibatch that acted on "evict" sends nothing (its stats are stale)
-        waited = stepped = 0.0
-        while self.steps:
-            w, t = self.steps.popleft()
-            waited, stepped = waited + w, stepped + t
-        self.link.observe(window_metrics(view, refills, waited, stepped))
+        # A minibatch that acted on "evict" observes nothing (its stats are stale), so it sends
+        # no request; it still joins a window due there (collective transport).
+        if self.applying is None or not self.applying[1]:
+            waited = stepped = 0.0
+            while self.steps:
+                w, t = self.steps.popleft()
+                waited, stepped = waited + w, stepped + t
+            self.link.observe(window_metrics(view, refills, waited, stepped))
         epoch, step = divmod(view.counter, self.steps_per_epoch)
         self.link.maybe_request(view.counter, epoch, step, self.total - view.counter - 1)
 

@@ -30,7 +30,7 @@ from rudder.train.config import ConfigError, TrainConfig
 SECTIONS = ("model", "sampling", "training", "buffer", "agent")
 DEFAULTS = {"epochs": 3, "agent_latency": 1}
 NOT_SIMULATED = ("eval_every", "eval_batch_size", "device", "collect_traces", "replay", "agent_delay",
-                 "agent_cores")
+                 "agent_cores", "agent_windows_in_flight")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -125,7 +125,8 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
     service = DecisionService(make_decider(cfg), MemoryLog()) if policy.needs_agent else None
     facts = facts_of(graph, cfg, part, capacity, policy.action_limits(features.buffer))
     policy.start(PolicyContext(facts, MemoryLog(), part, steps,
-                               lambda window, latency: ModelledLink(service, part, facts, window, latency)))
+                               lambda window, latency: ModelledLink(service, part, facts, window, latency,
+                                                                   cfg.agent.transport == "collective")))
     out = {c: np.zeros(len(sampled.inputs), dtype=np.float64 if c == "fetch_seconds" else np.int64) for c in COLUMNS}
     window = policy.lookahead
     try:

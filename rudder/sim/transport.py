@@ -127,10 +127,12 @@ class ModelledLink(DecisionLink):
     c is applied on minibatch c + latency (``DecisionLink``'s fixed latency, which a real run
     with ``--agent-latency`` follows too)."""
 
-    def __init__(self, service: DecisionService, trainer: int, facts: dict, window: int, latency: int):
+    def __init__(self, service: DecisionService, trainer: int, facts: dict, window: int, latency: int,
+                 aligned: bool = False):
+        """``aligned``: windows at agreed minibatches, as the collective transport asks."""
         if latency < 1:
             raise ValueError(f"--agent-latency {latency}: the simulator needs a positive number of minibatches")
-        super().__init__(window, latency)
+        super().__init__(window, latency, aligned)
         self.service, self.trainer, self.answer = service, trainer, None
         service.hello(trainer, facts)
 

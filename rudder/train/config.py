@@ -124,7 +124,15 @@ class BufferSection:
 class AgentSection:
     window: int = option(1, "minibatches of metrics per agent request", name="agent_window",
                          check=(lambda v: v >= 1, "a positive number of minibatches"))
-    delay: float = option(0.0, "seconds the agent waits before each decision (to study slow decision makers)",
+    transport: str = option("collective", "how trainers reach their node's agent: collective (each window's metrics "
+                            "gathered by a nonblocking Igather at agreed minibatches, the node's decisions made in one "
+                            "pass and returned by an Iscatter) or p2p (a request per trainer whenever it is due)",
+                            name="agent_transport", choices=("collective", "p2p"))
+    in_flight: int = option(4, "with --agent-transport collective: windows the agent keeps posted ahead while it "
+                            "decides (it gathers at most N windows not yet answered)", name="agent_windows_in_flight",
+                            check=(lambda v: v >= 1, "a positive number of windows"))
+    delay: float = option(0.0, "seconds the agent waits before each decision (collective: before each pass over a node's "
+                          "windows; to study slow decision makers)",
                           name="agent_delay", check=(lambda v: v >= 0, "a non-negative number of seconds"))
     latency: int = option(0, "apply each decision exactly N minibatches after its request, the trainer waiting for it "
                           "if it is late: agent runs reproducible bit for bit, as the simulator models them (0: apply "

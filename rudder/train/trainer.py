@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from rudder.agent.link import AgentLink
+from rudder.agent.link import AgentLink, CollectiveLink
 from rudder.agent.protocol import trainer_facts
 from rudder.comm.dist_array import ReadStats
 from rudder.comm.layout import exposer_table
@@ -188,7 +188,8 @@ class Trainer:
 
     def _open_agent_link(self, window: int, latency: int) -> AgentLink:
         self.watchdog.doing("training thread", "waiting for the node's agent to be ready (its decider loading)")
-        link = AgentLink(self.layout.node, self.facts, window, latency)  # returns once the agent is ready
+        link_class = CollectiveLink if self.cfg.agent.transport == "collective" else AgentLink
+        link = link_class(self.layout.node, self.facts, window, latency, self.start)  # returns once the agent is ready
         self.watchdog.progress()
         self.log.flush(agent_wait_s=link.waited_for_agent)
         return link

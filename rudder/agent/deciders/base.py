@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rudder.agent.protocol import HELLO_FIELDS, WINDOW_METRICS, Decision, conditions
+from rudder.agent.protocol import HELLO_FIELDS, KEEP, WINDOW_METRICS, Decision, conditions
 from rudder.registry import Registry
 
 DECIDERS = Registry()
@@ -39,6 +39,18 @@ class Decider:
 
     def decide(self, ctx: TrainerContext) -> Decision:
         raise NotImplementedError
+
+    def decide_all(self, contexts: list[TrainerContext]) -> list[Decision]:
+        """Decisions for several trainers at once (the collective transport's pass over a node's
+        windows), in their order. By default one ``decide`` each, a failure falling back for that
+        trainer alone; a decider with a batched model call overrides it."""
+        decided = []
+        for ctx in contexts:
+            try:
+                decided.append(self.decide(ctx))
+            except Exception as e:  # a decision maker's failure must never stop training
+                decided.append(Decision(KEEP).fell_back("error", f"{type(e).__name__}: {e}"))
+        return decided
 
     def close(self) -> None:
         pass
