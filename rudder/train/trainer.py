@@ -63,14 +63,17 @@ class Trainer:
         self.cfg, self.layout, self.meta, self.stop = cfg, layout, meta, stop
         self.log = None
         self.watchdog = Watchdog(cfg.training.stall_timeout, self._stalled)
-        self.watchdog.doing("training thread", "building the trainer (partition, RMA windows, model, buffer)")
+        self.watchdog.doing("training thread", "building the trainer")
         self.resumed: Resumed | None = load_resumed(cfg.output.run_dir, layout.world.rank) if cfg.checkpoint.resume else None
         self.start = self.resumed.start if self.resumed else 0
         self.device = self._device()
-        self._build_data()
-        self._build_model()
-        self._build_prefetch()
-        self._build_log()
+        # Each finished start-up step is progress: a slow but moving start-up (a loaded host, a
+        # large partition) is not a stall, a step that never ends is.
+        for what, build in (("its partition and RMA windows", self._build_data), ("its model", self._build_model),
+                            ("its buffer", self._build_prefetch), ("its log", self._build_log)):
+            self.watchdog.doing("training thread", f"building the trainer: {what}")
+            build()
+            self.watchdog.progress()
         self.policy.start(PolicyContext(self.facts, self.log, layout.trainer_rank, self.steps_per_epoch,
                                         self._open_agent_link))  # before the pipeline thread first asks it
         if self.resumed:
