@@ -8,8 +8,8 @@ checked against every run, and the simulator pushed to partition counts this mac
 A grid is a TOML file (``bench/grids/``): datasets (partition-tool specs; ``shared:facebook``,
 ``shared:cora``, ``shared:citeseer`` read ``../shared/data`` and are skipped with a reason when
 it is absent; ``bundled:cora`` is ``data/cora``), and the cartesian grid of ranks, batch sizes,
-fanouts and buffer fractions every policy runs on. The seed (``--seed``) seeds partitioning,
-model, sampling and shuffling, so anyone can run configurations and seeds we never tuned on.
+fanouts, shifts (``--shift`` values, "" steady) and buffer fractions every policy runs on. The
+seed (``--seed``) seeds partitioning, model, sampling and shuffling, so anyone can run configurations and seeds we never tuned on.
 
 Per configuration (dataset, ranks, batch size, fanouts) the policies ``none-serial`` (no overlap)
 and ``none`` run once; per buffer fraction ``static``, ``fixed``, ``lookahead`` and the agent

@@ -91,6 +91,36 @@ def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(parts, uninterrup
     assert read_logs(run)[0]["attrs"]["resumed"][0]["rows"]["minibatches"] == killed_at + 1
 
 
+SHIFT = "12:fanouts=3,3;seeds=0.5"  # counter 108 on: far past the first checkpoint the run is killed after
+
+
+def test_a_killed_run_resumes_across_a_shift(parts, tmp_path):
+    """Killed in the first phase, resumed: the run shifts at the same epoch (its phases rebuilt from
+    the checkpointed config), with the shifted steps per epoch and counters, bit for bit."""
+    base = str(tmp_path / "base")
+    proc = run_train(2, *flags(parts, "lookahead"), "--shift", SHIFT, "--run-dir", base)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = str(tmp_path / "run")
+    job = start(2, flags(parts, "lookahead", LONG) + ["--shift", SHIFT, "--run-dir", run, "--checkpoint-every", "7"])
+    try:
+        deadline = time.monotonic() + 120
+        while latest_counter(run) < 6 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert job.poll() is None, "the run ended before it could be killed"
+        os.kill(rank_pids(run)[0], signal.SIGKILL)
+        job.communicate(timeout=60)
+    finally:
+        job.kill()
+    killed_at = latest_counter(run)
+    assert 0 <= killed_at < 108 and (killed_at + 1) % 7 == 0  # before the shift: the resumed part crosses it
+    proc = run_train(2, "--resume", run, "--epochs", "20", "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_run(base, run)
+    for log in read_logs(run):
+        np.testing.assert_array_equal(log["minibatches"]["phase"], log["minibatches"]["epoch"] >= 12)
+        assert log["epochs"]["steps"][12] < log["epochs"]["steps"][11]
+
+
 def test_sigterm_checkpoints_then_stops_and_the_run_resumes(parts, uninterrupted, tmp_path):
     run = str(tmp_path / "run")
     job = start(2, flags(parts, "lookahead", LONG) + ["--run-dir", run, "--checkpoint-every", "3600s",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from rudder.train.config import ConfigError, TrainConfig, parse_config
@@ -89,3 +90,52 @@ def test_options_reference_is_the_declarations():
         assert f.read() == options_reference(), "regenerate: python -m rudder.train.config > docs/options.md"
     flags = {s for a in parser()._actions for s in a.option_strings if s.startswith("--")} - {"--help", "--config"}
     assert all(f"`{flag}`" in options_reference() for flag in flags)
+
+
+@pytest.mark.parametrize("shift,needle", [
+    ("2", "not EPOCH:KEY=VALUE"),
+    ("x:fanouts=5,5", "not EPOCH:KEY=VALUE"),
+    ("2:fanout=5,5", "KEY one of fanouts, batch, seeds"),
+    ("2:fanouts=5", "fanouts of 2 layers"),
+    ("2:fanouts=5,0", "fanouts='5,0'"),
+    ("2:batch=-3", "batch='-3'"),
+    ("2:seeds=0", "seeds='0'"),
+    ("2:seeds=degree-high", "all or a fraction"),
+    ("2:batch=8;batch=9", "batch given twice"),
+    ("0:batch=8", "from 1 on"),
+    ("3:batch=8 2:batch=4", "must increase"),
+    ("9:batch=8", "epoch 9 is never trained"),
+])
+def test_bad_shift(shift, needle):
+    with pytest.raises(ConfigError) as e:
+        parse_config(["--data", "d", "--run-dir", "r", "--epochs", "5", "--shift", shift])
+    message = str(e.value)
+    assert message.startswith("--shift ") and needle in message and "\n" not in message, message
+
+
+def test_shift_phases_and_their_steps():
+    """Each shift keeps what it does not name; steps per epoch are the phase's, and the minibatch
+    counter runs on across phases (what checkpoints and policies count by)."""
+    cfg = parse_config(["--data", "d", "--run-dir", "r", "--epochs", "5", "--batch-size", "10",
+                        "--shift", "2:fanouts=5,5;seeds=0.5 4:batch=0"])
+    settings = cfg.phase_settings()
+    assert [(p.first_epoch, p.fanouts, p.batch_setting, p.seed_fraction) for p in settings] == [
+        (0, (10, 25), 10, 1.0), (2, (5, 5), 10, 0.5), (4, (5, 5), 0, 0.5)]
+    phases = cfg.run_phases([100, 50, 50])
+    assert [(p.batch_size, p.steps_per_epoch) for p in phases.phases] == [(10, 10), (10, 5), (16, 4)]
+    assert [phases.steps(e) for e in range(5)] == [10, 10, 5, 5, 4] and phases.total == 34
+    assert [phases.counter(e, 0) for e in range(5)] == [0, 10, 20, 25, 30]
+    assert [phases.position(c) for c in (0, 19, 20, 24, 25, 33, 34)] == [(0, 0), (1, 9), (2, 0), (2, 4), (3, 0), (4, 3),
+                                                                         (5, 0)]
+    unshifted = parse_config(["--data", "d", "--run-dir", "r", "--epochs", "5", "--batch-size", "10"]).run_phases([100])
+    assert len(unshifted.phases) == 1 and unshifted.total == 50 and unshifted.position(37) == (3, 7)
+
+
+def test_phase_seeds_are_nested_and_keyed_by_seed():
+    from rudder.sampling.phases import phase_seeds
+
+    train = np.arange(1000, 1101)
+    half, quarter = phase_seeds(0, 3, train, 0.5), phase_seeds(0, 3, train, 0.25)
+    assert half.size == 50 and quarter.size == 25 and np.isin(quarter, half).all()
+    assert (np.diff(half) > 0).all() and np.isin(half, train).all()
+    assert not np.array_equal(half, phase_seeds(1, 3, train, 0.5)) and phase_seeds(0, 3, train, 1.0) is train

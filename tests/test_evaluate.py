@@ -235,3 +235,23 @@ def check_floors(shaped: dict, md: str) -> None:
         assert f"| {label.partition('-f')[0]} | " in md.split("Each run against its floor")[1]
     worst = max(fig["epoch_seconds"] / fig["floor"]["seconds"] for fig in shaped["runs"].values())
     assert f"every policy's epoch <= 0.01x its floor: NOT met: {worst:.2f}x (target <= 0.01x)" in md
+
+
+def test_a_grid_shift_is_a_configuration_axis(tmp_path):
+    """[grid] or a dataset's ``shifts``: each configuration once per --shift value ("" steady), its
+    name showing the shift, its runs given the flag; a bad shift is one line naming the grid."""
+    from bench.evaluation.grid import GridError, configurations, load_grid, shift_flags
+
+    grid = load_grid(os.path.join(REPO, "bench", "grids", "shift.toml"))
+    configs = configurations(grid, {"facebook": "spec"})
+    assert [c.key for c in configs] == ["facebook-p4-b256-f10_25", "facebook-p4-b256-f10_25-s2-fanouts5_5-seeds0.5"]
+    assert shift_flags(configs[1].shift) == ["--shift", "2:fanouts=5,5;seeds=0.5"] and shift_flags(configs[0].shift) == []
+    assert "tuner" in grid["grid"]["policies"]
+    text = "epochs = 3\n[datasets]\na = { spec = 'bundled:cora', shifts = [%s] }\n[grid]\nranks = [2]\nfractions = [0.25]\n" \
+           "policies = ['none']\n"
+    for shifts, expected in (("'2:fanout=5,5'", "KEY one of fanouts"), ("'3:batch=8'", "past the grid's 3 epochs"),
+                             ("2", "non-empty list of --shift strings")):
+        (tmp_path / "g.toml").write_text(text % shifts)
+        with pytest.raises(GridError) as e:
+            load_grid(str(tmp_path / "g.toml"))
+        assert expected in str(e.value) and "\n" not in str(e.value) and "g.toml: dataset 'a'" in str(e.value), str(e.value)

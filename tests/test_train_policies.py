@@ -153,3 +153,31 @@ def test_node_shared_buffer(tmp_path):
         assert sum(t["refills"].sum() for t in tables[name]) > 0
         # ranks 0, 2 form node 0 and 1, 3 node 1 (round robin): one trainer per node filled it
         assert fills[name][0] > 0 and fills[name][1] > 0 and fills[name][2] == 0 and fills[name][3] == 0
+
+
+SHIFT = "2:fanouts=3,3;seeds=0.5"
+
+
+def test_a_shift_mid_run_on_cora(tmp_path):
+    """--shift: from epoch 2 on, 3 neighbours a layer and half of each partition's training nodes.
+    The losses stay bit-identical to no buffer under each policy (the lookahead policy's window
+    reaches across the shift in schedule order), the simulator replays every minibatch exactly,
+    the logged phase and steps per epoch follow the shift, and it changes what is sampled."""
+    runs = [RUNS[0], RUNS[2], RUNS[3], RUNS[5]]
+    check_policies(f"planetoid:{BUNDLED_CORA}:cora", 4, tmp_path, ["--epochs", "4", "--batch-size", "8", "--shift", SHIFT],
+                   runs=runs, stored_as="bits")
+    logs = read_logs(tmp_path / "run0")
+    steps = []
+    for log in logs:
+        mb, ep, phases = log["minibatches"], log["epochs"], log["run"]["phases"]
+        assert [(p["first_epoch"], p["fanouts"], p["seeds"]) for p in phases] == [(0, [10, 25], 1.0), (2, [3, 3], 0.5)]
+        np.testing.assert_array_equal(mb["phase"], (mb["epoch"] >= 2).astype(int))
+        np.testing.assert_array_equal(ep["phase"], [0, 0, 1, 1])
+        np.testing.assert_array_equal(ep["steps"], [phases[p]["steps_per_epoch"] for p in ep["phase"]])
+        seeds = {e: int(mb["seeds"][mb["epoch"] == e].sum()) for e in range(4)}
+        assert seeds[0] == seeds[1] == log["run"]["train_seeds"]
+        assert seeds[2] == seeds[3] == round(0.5 * log["run"]["train_seeds"])  # the phase's seeds, each once an epoch
+        before, after = (mb["input_nodes"][mb["phase"] == p] / mb["seeds"][mb["phase"] == p] for p in (0, 1))
+        assert after.mean() < 0.8 * before.mean()  # 3,3 neighbours reach fewer nodes than 10,25
+        steps.append(ep["steps"].tolist())
+    assert all(s == steps[0] for s in steps) and steps[0][2] < steps[0][0]  # equal on all; half the seeds, fewer steps

@@ -11,6 +11,7 @@ import zlib
 
 from bench.evaluation.sweep import check_sweep
 from partitioning.partition import FEATURE_DTYPES
+from rudder.sampling.phases import parse_shifts
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED = os.path.join(REPO, "..", "shared", "data")
@@ -59,10 +60,10 @@ def load_grid(path: str) -> dict:
         entry = {"spec": entry} if isinstance(entry, str) else dict(entry)
         if not isinstance(entry.get("spec"), str):
             raise GridError(f"--grid {path}: dataset {name!r} needs a spec string")
-        extra = set(entry) - {"spec", "ranks", "batch_sizes", "fanouts", "rates", "feature_dtype"}
+        extra = set(entry) - {"spec", "ranks", "batch_sizes", "fanouts", "rates", "feature_dtype", "shifts"}
         if extra:
             raise GridError(f"--grid {path}: dataset {name!r}: unknown key {sorted(extra)[0]!r} "
-                            "(spec, ranks, batch_sizes, fanouts, rates, feature_dtype)")
+                            "(spec, ranks, batch_sizes, fanouts, rates, feature_dtype, shifts)")
         if entry.get("feature_dtype", "auto") not in FEATURE_DTYPES:
             raise GridError(f"--grid {path}: dataset {name!r}: feature_dtype must be one of {', '.join(FEATURE_DTYPES)}")
         if "rates" in entry:  # this dataset's own [network] rates
@@ -70,7 +71,36 @@ def load_grid(path: str) -> dict:
                 raise GridError(f"--grid {path}: dataset {name!r} has rates but the grid no [network] table")
             check_network({**grid["network"], "rates": entry["rates"]}, path)
         grid["datasets"][name] = entry
+    check_shifts(grid, path)
     return grid
+
+
+def check_shifts(grid: dict, path: str) -> None:
+    """``shifts``: a list of ``--shift`` values ("" for the steady run), in [grid] or a dataset's
+    entry (which replaces the grid's); each configuration runs once per shift (docs/training.md)."""
+    grid["grid"].setdefault("shifts", [""])
+    for where, table in [("[grid]", grid["grid"])] + [(f"dataset {n!r}", e) for n, e in grid["datasets"].items()]:
+        shifts = table.get("shifts", [""])
+        if not isinstance(shifts, list) or not shifts or not all(isinstance(t, str) for t in shifts):
+            raise GridError(f"--grid {path}: {where} shifts must be a non-empty list of --shift strings (\"\": none)")
+        for text in filter(None, shifts):
+            try:
+                parse_shifts(text)
+            except ValueError as e:
+                raise GridError(f"--grid {path}: {where} shift {text!r}: {e}") from None
+            if max(p.epoch for p in parse_shifts(text)) >= grid["epochs"]:
+                raise GridError(f"--grid {path}: {where} shift {text!r}: an epoch past the grid's {grid['epochs']} epochs")
+
+
+def shift_key(shift: str) -> str:
+    """A configuration name's part for its shift: "2:fanouts=5,5;seeds=0.5" -> "-s2-fanouts5_5-seeds0.5"."""
+    if not shift:
+        return ""
+    return "-s" + shift.replace(":", "-").replace(";", "-").replace("=", "").replace(",", "_").replace(" ", "+")
+
+
+def shift_flags(shift: str) -> list[str]:
+    return ["--shift", shift] if shift else []
 
 
 RATE = re.compile(r"[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)")
@@ -141,11 +171,12 @@ class Config:
     batch_size: int
     fanouts: str
     network: Network | None = None  # None: unshaped (loopback)
+    shift: str = ""  # a --shift value ("": steady)
 
     @property
     def key(self) -> str:
         key = f"{self.dataset}-p{self.ranks}-b{self.batch_size or 'auto'}-f{self.fanouts.replace(',', '_')}"
-        return key + (f"-{self.network.key}" if self.network else "")
+        return key + shift_key(self.shift) + (f"-{self.network.key}" if self.network else "")
 
 
 def networks(grid: dict, dataset: str | None = None) -> list[Network | None]:
@@ -165,9 +196,9 @@ def configurations(grid: dict, datasets: dict) -> list[Config]:
     under each network of the [network] table."""
     out = []
     for d in datasets:
-        axis = {k: grid["datasets"][d].get(k, grid["grid"][k]) for k in ("ranks", "batch_sizes", "fanouts")}
-        out += [Config(d, int(r), int(b), str(f), n) for r in axis["ranks"] for b in axis["batch_sizes"]
-                for f in axis["fanouts"] for n in networks(grid, d)]
+        axis = {k: grid["datasets"][d].get(k, grid["grid"][k]) for k in ("ranks", "batch_sizes", "fanouts", "shifts")}
+        out += [Config(d, int(r), int(b), str(f), n, s) for r in axis["ranks"] for b in axis["batch_sizes"]
+                for f in axis["fanouts"] for s in axis["shifts"] for n in networks(grid, d)]
     return out
 
 

@@ -17,7 +17,7 @@ import time
 
 from bench import distdgl_peer
 from bench.evaluation.floor import floor
-from bench.evaluation.grid import AGENT_POLICIES, FRACTION_FREE, REPO, Network, configurations, policy_flags
+from bench.evaluation.grid import AGENT_POLICIES, FRACTION_FREE, REPO, Network, configurations, policy_flags, shift_flags
 from bench.evaluation.sweep import settings
 from bench.mpi_job import train_job
 from partitioning.partition import partition_graph
@@ -145,7 +145,8 @@ def run_grid(h: Harness, datasets: dict) -> dict:
     for cfg in configurations(h.grid, datasets):
         parts_of[cfg] = h.partition(cfg.dataset, datasets[cfg.dataset], cfg.ranks,
                                     h.grid["datasets"][cfg.dataset].get("feature_dtype", "auto"))
-    base = lambda cfg: [*(["--batch-size", str(cfg.batch_size)] if cfg.batch_size else []), "--fanouts", cfg.fanouts]  # noqa: E731
+    base = lambda cfg: [*(["--batch-size", str(cfg.batch_size)] if cfg.batch_size else []), "--fanouts", cfg.fanouts,  # noqa: E731
+                        *shift_flags(cfg.shift)]
 
     def run(cfg, policy, fraction, model=None):
         if cfg.ranks not in h.grid["policy_ranks"].get(policy, [cfg.ranks]):
@@ -239,6 +240,8 @@ def run_distdgl(h: Harness, datasets: dict, grid_results: dict) -> dict:
     for key, r in grid_results["configs"].items():
         c = r["config"]
         if c["dataset"] not in spec.get("datasets", []) or c["ranks"] not in spec.get("ranks", [c["ranks"]]):
+            continue
+        if c.get("shift"):  # the peer trains steady runs only
             continue
         none = r["runs"].get("none")
         if none is None:

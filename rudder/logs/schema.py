@@ -29,6 +29,7 @@ MINIBATCH_ROW = table(
     "minibatches",
     ("epoch", "i4", "epoch of the step (0-based)"),
     ("step", "i4", "step within the epoch"),
+    ("phase", "i2", "the run's phase the minibatch was sampled in: 0, or the index of the --shift in force"),
     ("seeds", "i4", "this trainer's seed (training) nodes in the minibatch"),
     ("input_nodes", "i8", "input nodes of the first layer"),
     ("input_remote", "i8", "input nodes owned by another partition (DistDGL's \"remote rows\")"),
@@ -77,7 +78,8 @@ MINIBATCH_ROW = table(
 EPOCH_ROW = table(
     "epochs",
     ("epoch", "i4", "the epoch (0-based)"),
-    ("steps", "i4", "steps trained (the steps per epoch unless stopped early)"),
+    ("phase", "i2", "the run's phase in the epoch: 0, or the index of the --shift in force (run attribute `phases`)"),
+    ("steps", "i4", "steps trained (the phase's steps per epoch unless stopped early)"),
     ("complete", "i1", "1 if every step of the epoch was trained"),
     ("seconds", "f8", "wall time of the epoch's steps on this trainer (evaluation excluded)"),
     *[(t, "f8", f"sum of the minibatches' {t}") for t in ("t_sample", "t_fetch", "t_copy", "t_rma", "t_wait",

@@ -15,8 +15,8 @@ its buffer (``buffer_class``) does the how. A policy is one class and one ``@reg
     replay     replace at the minibatches where an earlier run (--replay RUN) replaced: the same
                buffer work without its decision maker (to price an agent's overhead)
 
-A policy sees a ``PolicyContext`` (the trainer's facts, its log, its rank, the steps per epoch
-and a way to open the agent link), never the trainer: the simulator builds the same context.
+A policy sees a ``PolicyContext`` (the trainer's facts, its log, its rank, the run's phases:
+(epoch, step) <-> minibatch counter, and a way to open the agent link), never the trainer: the simulator builds the same context.
 ``fixed --collect-traces`` is the classifiers' collection mode (``trace_collection``).
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class PolicyContext:
     facts: dict  # rudder.agent.protocol.trainer_facts
     log: object  # the trainer's log (``append`` rows of the tables the policy declared)
     trainer_rank: int
-    steps_per_epoch: int
+    phases: object  # rudder.sampling.phases.RunPhases: (epoch, step) <-> minibatch counter
     open_agent_link: Callable[[int, int], DecisionLink] | None = None  # (window, latency) -> link
 
 
@@ -189,7 +189,7 @@ class Replay(Policy):
             raise ValueError(f"--replay {e}") from None
 
     def start(self, ctx: PolicyContext) -> None:
-        self.at, self.windows = replacement_minibatches(self.cfg.buffer.replay, ctx.trainer_rank, ctx.steps_per_epoch)
+        self.at, self.windows = replacement_minibatches(self.cfg.buffer.replay, ctx.trainer_rank, ctx.phases)
 
     def wants_replacement(self, view: MinibatchView) -> bool:
         self.counter = view.counter
@@ -232,7 +232,7 @@ class AgentPolicy(Policy):
 
     def start(self, ctx: PolicyContext) -> None:
         self.link = ctx.open_agent_link(self.cfg.agent.window, self.cfg.agent.latency)
-        self.steps_per_epoch, self.total = ctx.steps_per_epoch, ctx.facts["total_minibatches"]
+        self.phases, self.total = ctx.phases, ctx.facts["total_minibatches"]
         self.limits = ActionLimits.of(ctx.facts)
         self.window, self.budget = self.limits.window, None  # the latest applied action's
         self.applying = None  # (request id, evict?, age, fallback code) of the answer found on this minibatch
@@ -276,7 +276,7 @@ class AgentPolicy(Policy):
                 w, t = self.steps.popleft()
                 waited, stepped = waited + w, stepped + t
             self.link.observe(window_metrics(view, refills, waited, stepped))
-        epoch, step = divmod(view.counter, self.steps_per_epoch)
+        epoch, step = self.phases.position(view.counter)
         self.link.maybe_request(view.counter, epoch, step, self.total - view.counter - 1)
 
     def state_dict(self) -> dict:
@@ -313,19 +313,22 @@ class TunerAgent(AgentPolicy):
     pass
 
 
-def replacement_minibatches(run_dir: str, trainer_rank: int, steps_per_epoch: int) -> tuple[dict[int, int], np.ndarray]:
+def replacement_minibatches(run_dir: str, trainer_rank: int, phases) -> tuple[dict[int, int], np.ndarray]:
     """The minibatch counters at which trainer ``trainer_rank`` of an earlier run replaced, each
     with its refill budget (-1: no bound), and the window of every minibatch."""
     try:
         run, mb = trainer_table(run_dir, trainer_rank)
     except LogError as e:
         raise ValueError(f"--replay {e}") from None
-    if run["steps_per_epoch"] != steps_per_epoch:
-        raise ValueError(f"--replay {run_dir}: {run['steps_per_epoch']} steps per epoch there, "
-                         f"{steps_per_epoch} here (replay needs the same data, batch size and ranks)")
+    theirs = [(p["first_epoch"], p["steps_per_epoch"])
+              for p in run.get("phases", [{"first_epoch": 0, "steps_per_epoch": run["steps_per_epoch"]}])]
+    ours = [(p.first_epoch, p.steps_per_epoch) for p in phases.phases]
+    if theirs != ours:
+        raise ValueError(f"--replay {run_dir}: (first epoch, steps per epoch) of its phases {theirs} there, {ours} here "
+                         "(replay needs the same data, batch size, shift and ranks)")
     replaced = mb[mb["replaced"] == 1]
-    counters = replaced["epoch"].astype(np.int64) * steps_per_epoch + replaced["step"]
-    order = np.argsort(mb["epoch"].astype(np.int64) * steps_per_epoch + mb["step"], kind="stable")
+    counters = phases.counter(replaced["epoch"].astype(np.int64), replaced["step"].astype(np.int64))
+    order = np.argsort(phases.counter(mb["epoch"].astype(np.int64), mb["step"].astype(np.int64)), kind="stable")
     return dict(zip(counters.tolist(), replaced["refill_budget"].tolist())), mb["lookahead_window"][order]
 
 

@@ -75,12 +75,14 @@ def with_new_nodes(dst_nodes: np.ndarray, neighbours: np.ndarray):
 
 class NeighborSampler:
     """``adjacency``: anything with ``rows(gids, stats)`` and ``neighbours(parts, positions, stats)``
-    (``rudder.data.adjacency.Adjacency`` over RMA; the simulator's in-memory CSR)."""
+    (``rudder.data.adjacency.Adjacency`` over RMA; the simulator's in-memory CSR). ``fanouts_of``:
+    ``key -> fanouts`` for keyed minibatches whose fanouts vary (a run's phases,
+    ``rudder.sampling.phases``); ``fanouts`` otherwise."""
 
-    def __init__(self, adjacency, fanouts: list[int], seed: int):
+    def __init__(self, adjacency, fanouts: list[int], seed: int, fanouts_of=None):
         if not fanouts or any(f < 1 and f != -1 for f in fanouts):
             raise ValueError(f"fanouts {fanouts} must be positive integers, or -1 for all neighbours")
-        self.adjacency, self.fanouts = adjacency, list(fanouts)
+        self.adjacency, self.fanouts, self.fanouts_of = adjacency, list(fanouts), fanouts_of
         self.seed = list(np.atleast_1d(seed))
         self.rng = np.random.default_rng(seed)
 
@@ -92,7 +94,8 @@ class NeighborSampler:
         rng = np.random.default_rng([*self.seed, *key]) if key else self.rng
         stats = ReadStats()
         dst_nodes, layers = seeds, []
-        for fanout in reversed(self.fanouts):  # seed side first
+        fanouts = self.fanouts_of(key) if key and self.fanouts_of is not None else self.fanouts
+        for fanout in reversed(fanouts):  # seed side first
             parts, start, degree = self.adjacency.rows(dst_nodes, stats)
             row, pos = sample_positions(degree, fanout, rng)
             neighbours = self.adjacency.neighbours(parts[row], start[row] + pos, stats)

@@ -137,8 +137,10 @@ def main(argv=None) -> int:
         summary = summarize(result, epochs, machine, base.sampling.prefetch_depth)
         summary.update(data=base.data.path, dataset=graph.meta.dataset, config=json.loads(base.to_json()),
                        seconds=time.time() - t)
-        print(f"{summary['parts']} trainers, {summary['steps_per_epoch']} steps/epoch of {summary['batch_size']} seeds; "
-              f"rows = remote feature rows fetched per epoch, all trainers, epochs {summary['epochs_counted']}")
+        shifted = "".join(f", from epoch {p['first_epoch']} {p['steps_per_epoch']} of {p['batch_size']} (fanouts "
+                          f"{','.join(map(str, p['fanouts']))}, seeds {p['seeds']:g})" for p in summary["phases"][1:])
+        print(f"{summary['parts']} trainers, {summary['steps_per_epoch']} steps/epoch of {summary['batch_size']} seeds"
+              f"{shifted}; rows = remote feature rows fetched per epoch, all trainers, epochs {summary['epochs_counted']}")
         print(table(summary))
         if sim["out"]:
             with open(sim["out"], "w") as f:

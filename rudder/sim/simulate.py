@@ -42,6 +42,7 @@ from rudder.prefetch.buffers import BufferSettings
 from rudder.prefetch.policies import PolicyContext, make_policy
 from rudder.prefetch.vip import fill_ranking
 from rudder.sampling.neighbors import NeighborSampler
+from rudder.sampling.phases import RunPhases, phase_sampler_fanouts, phase_seeds
 from rudder.sampling.schedule import minibatch_schedule
 from rudder.sim import timing
 from rudder.sim.machine import Machine, sage_flops
@@ -66,24 +67,32 @@ class Sampled:
     flops: np.ndarray  # GraphSAGE forward + backward
 
 
+def run_phases(cfg: TrainConfig, graph: Graph) -> RunPhases:
+    """The run's phases (their equal steps per epoch and batch sizes), as ``Trainer`` computes them."""
+    seed = cfg.training.seed
+    trains = [p.node_start + np.flatnonzero(p.train_mask) for p in graph.parts]
+    return cfg.run_phases([max(phase_seeds(seed, i, t, s.seed_fraction).size for i, t in enumerate(trains))
+                           for s in cfg.phase_settings()])
+
+
 def steps_and_batch(cfg: TrainConfig, graph: Graph) -> tuple[int, int]:
-    """The run's equal steps per epoch and batch size, as ``Trainer`` computes them."""
-    batch, steps = cfg.minibatch_shape(max(int(p.train_mask.sum()) for p in graph.parts))
-    return steps, batch
+    """The first phase's steps per epoch and batch size."""
+    first = run_phases(cfg, graph).phases[0]
+    return first.steps_per_epoch, first.batch_size
 
 
 def sample_trainer(graph: Graph, cfg: TrainConfig, part: int, machine: Machine | None, widths: list[int]) -> Sampled:
     """One trainer's minibatches: their counts, reads priced by ``machine`` (``SimulatedReads``)."""
     p = graph.parts[part]
-    steps, _ = steps_and_batch(cfg, graph)
+    phases = run_phases(cfg, graph)
     seed = cfg.training.seed
     adjacency = SimulatedAdjacency(graph, part, machine, 0,
                                    replicated=resolve_topology(cfg.data.topology, graph.meta) == "replicated")
-    sampler = NeighborSampler(adjacency, cfg.sampling.fanouts, seed=[seed, part])
+    sampler = NeighborSampler(adjacency, cfg.sampling.fanouts, seed=[seed, part], fanouts_of=phase_sampler_fanouts(phases))
     halo = np.sort(p.halo_nodes)
     rows = []
     train = p.node_start + np.flatnonzero(p.train_mask)
-    for epoch, step, seeds in minibatch_schedule(seed, part, train, lambda order: order, steps, cfg.training.epochs):
+    for epoch, step, seeds in minibatch_schedule(seed, part, train, lambda order: order, phases):
         rounds = adjacency.rounds
         mb = sampler.sample(seeds, key=(epoch, step))
         remote = mb.input_nodes[graph.meta.owner_of(mb.input_nodes) != part]
@@ -98,8 +107,8 @@ def sample_trainer(graph: Graph, cfg: TrainConfig, part: int, machine: Machine |
 
 def facts_of(graph: Graph, cfg: TrainConfig, part: int, capacity: int, limits=None) -> dict:
     """What ``Trainer.facts`` holds for this partition's trainer (``limits``: its agent actions')."""
-    steps, batch = steps_and_batch(cfg, graph)
-    return trainer_facts(graph.meta, part, part, batch, steps * cfg.training.epochs, graph.parts[part].halo_nodes.size,
+    phases = run_phases(cfg, graph)
+    return trainer_facts(graph.meta, part, part, phases.phases[0].batch_size, phases.total, graph.parts[part].halo_nodes.size,
                          capacity, limits)
 
 
@@ -111,7 +120,8 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
                   row_bytes: int) -> dict:
     """One trainer's minibatches under ``cfg``'s policy: per-minibatch columns (``COLUMNS``) and
     the initial fill."""
-    steps, _ = steps_and_batch(cfg, graph)
+    phases = run_phases(cfg, graph)
+    steps = phases.phases[0].steps_per_epoch
     policy = make_policy(cfg)
     settings, p = BufferSettings.of(cfg.buffer), graph.parts[part]
     train = p.node_start + np.flatnonzero(p.train_mask)  # the trainer's seeds (--partition-mode trainer)
@@ -124,7 +134,7 @@ def replay_policy(graph: Graph, cfg: TrainConfig, part: int, sampled: Sampled, m
     capacity = features.buffer.capacity if features.buffer is not None else 0
     service = DecisionService(make_decider(cfg), MemoryLog()) if policy.needs_agent else None
     facts = facts_of(graph, cfg, part, capacity, policy.action_limits(features.buffer))
-    policy.start(PolicyContext(facts, MemoryLog(), part, steps,
+    policy.start(PolicyContext(facts, MemoryLog(), part, phases,
                                lambda window, latency: ModelledLink(service, part, facts, window, latency,
                                                                    cfg.agent.transport == "collective")))
     out = {c: np.zeros(len(sampled.inputs), dtype=np.float64 if c == "fetch_seconds" else np.int64) for c in COLUMNS}
@@ -188,9 +198,11 @@ def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | Non
             results[part] = (sampled, per_policy)
             if progress:
                 progress(len(results), len(jobs))
-    steps, batch = steps_and_batch(cfg, _GRAPH)
+    phases = run_phases(cfg, _GRAPH)
+    steps, batch = phases.phases[0].steps_per_epoch, phases.phases[0].batch_size
     params = sum(2 * a * b + b for a, b in zip(widths[:-1], widths[1:]))
-    return {"steps_per_epoch": steps, "batch_size": batch, "parts": meta.num_parts, "params": params, "feat_dim": dim,
+    return {"steps_per_epoch": steps, "batch_size": batch, "phases": phases.describe(), "parts": meta.num_parts,
+            "params": params, "feat_dim": dim,
             "sampled": {p: r[0] for p, r in sorted(results.items())},
             "policies": {label: {p: r[1][label] for p, r in sorted(results.items())} for label in policies}}
 
@@ -223,7 +235,8 @@ def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1
             row["epoch_seconds_overlap"] = timing.epoch_time(costs, sync, max(1, depth), epoch_of, epochs)["seconds"]
             row["comm_share"] = serial["comm_share"]
         out[label] = row
-    return {"parts": parts, "steps_per_epoch": steps, "batch_size": result["batch_size"], "feat_dim": result["feat_dim"],
+    return {"parts": parts, "steps_per_epoch": steps, "batch_size": result["batch_size"], "phases": result["phases"],
+            "feat_dim": result["feat_dim"],
             "epochs_counted": "2.." + str(epochs) if epochs > 1 else "1", "allreduce_seconds": sync,
             "machine": dataclasses.asdict(machine) if machine else None, "policies": out}
 

@@ -46,12 +46,12 @@ def load_resumed(run_dir: str, world_rank: int) -> Resumed:
 
 
 class CheckpointCoordinator:
-    def __init__(self, cfg, trainers, world_rank: int, world_size: int, steps_per_epoch: int, log, snapshot_state,
+    def __init__(self, cfg, trainers, world_rank: int, world_size: int, phases, log, snapshot_state,
                  model_state, on_snapshot):
         """``snapshot_state()``: the pipeline-side state (assembly, policy) to keep; ``model_state()``:
         the model and optimiser; ``on_snapshot(counter)``: the policy learns a checkpoint is taken."""
         self.cfg, self.trainers, self.world_rank, self.world_size = cfg, trainers, world_rank, world_size
-        self.steps_per_epoch, self.log = steps_per_epoch, log
+        self.phases, self.log = phases, log  # rudder.sampling.phases.RunPhases: counters across epochs
         self.snapshot_state, self.model_state, self.on_snapshot = snapshot_state, model_state, on_snapshot
         self.period = cfg.checkpoint.period
         self.target: int | None = None  # the counter a collectively set checkpoint is taken at
@@ -65,7 +65,7 @@ class CheckpointCoordinator:
 
     def snapshot_if_due(self, epoch: int, step: int) -> dict | None:
         """Called by the pipeline right after assembling minibatch (epoch, step)."""
-        counter = epoch * self.steps_per_epoch + step
+        counter = self.phases.counter(epoch, step)
         kind, n = self.period
         if not ((kind == "minibatches" and (counter + 1) % n == 0) or counter == self.target):
             return None
@@ -80,8 +80,8 @@ class CheckpointCoordinator:
     def after_step(self, epoch: int, step: int, snapshot: dict | None, checkpoint_asked: bool, stop_asked: bool) -> bool:
         """Save this minibatch's snapshot if one was taken; returns whether to stop now. With
         checkpoints on, a stop request first sets a checkpoint a few minibatches on."""
-        counter = epoch * self.steps_per_epoch + step
-        if snapshot is not None and step == self.steps_per_epoch - 1:
+        counter = self.phases.counter(epoch, step)
+        if snapshot is not None and step == self.phases.steps(epoch) - 1:
             self.deferred = (epoch, step, snapshot)  # saved once the epoch's row is logged
         elif snapshot is not None:
             self.save(epoch, step, snapshot)
@@ -91,7 +91,7 @@ class CheckpointCoordinator:
             if self.target is not None:
                 coming = self.target
             elif self.deferred is not None:
-                coming = self.deferred[0] * self.steps_per_epoch + self.deferred[1]
+                coming = self.phases.counter(self.deferred[0], self.deferred[1])
             else:  # past every minibatch any trainer has prepared by now
                 coming = self.target = counter + self.cfg.sampling.prefetch_depth + 2
             if stop_asked and self.stop_at is None:
@@ -106,7 +106,7 @@ class CheckpointCoordinator:
 
     def save(self, epoch: int, step: int, snapshot: dict) -> None:
         """Collective over the trainers, after minibatch (epoch, step) was trained on."""
-        counter = epoch * self.steps_per_epoch + step
+        counter = int(self.phases.counter(epoch, step))
         run_dir = self.cfg.output.run_dir
         where = checkpoints.folder(run_dir, counter)
         t = time.perf_counter()

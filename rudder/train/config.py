@@ -24,6 +24,7 @@ from rudder.data.adjacency import REPLICATE_MAX_BYTES, TOPOLOGIES
 from rudder.logs import checkpoints
 from rudder.prefetch.buffers import INIT_MODES, SCOPES
 from rudder.prefetch.policies import POLICIES
+from rudder.sampling.phases import Phase, PhaseSettings, RunPhases, phase_settings
 from rudder.train import options
 from rudder.train.model import IMPLEMENTATIONS
 from rudder.train.options import ConfigError, need, option
@@ -70,6 +71,11 @@ class SamplingSection:
     fanouts: list[int] = option([10, 25], "neighbours sampled per layer, input side first; -1 = all",
                                 check=(lambda v: bool(v) and all(isinstance(f, int) and (f >= 1 or f == -1) for f in v),
                                        "comma-separated positive integers (or -1 for all neighbours), input side first"))
+    shift: str = option("", "what is sampled shifts at epoch boundaries: \"EPOCH:KEY=VALUE[;KEY=VALUE...] [EPOCH:...]\", "
+                        "from epoch EPOCH (0-based, at least 1) on, KEY one of fanouts=F1,F2 (as many layers as "
+                        "--fanouts), batch=B (0: the --batch-size 0 rule), seeds=all|FRACTION (that fraction of each "
+                        "partition's training nodes, chosen by --seed); e.g. \"2:fanouts=5,5;seeds=0.5\". A shift keeps "
+                        "what it does not name; steps per epoch are the phase's (docs/training.md)", metavar="SHIFTS")
     prefetch_depth: int = option(1, "minibatches prepared ahead by a background thread (0: no overlap)",
                                  check=(lambda v: v >= 0, "0 (no overlap) or more minibatches"),
                                  flags=(("--no-overlap", 0, "prepare each minibatch after the previous step (the "
@@ -255,18 +261,49 @@ class TrainConfig:
              f"{'there is no buffer' if buffer_class is None else 'this one starts empty and fills on demand'})")
         need(not self.checkpoint.every or b.sharing == "trainer", "--checkpoint-every", self.checkpoint.every,
              "no checkpoints with --buffer-sharing node (not supported yet)")
+        self.check_shift()
         return self
 
+    def check_shift(self) -> None:
+        """--shift parses, keeps the model's layer count, and shifts within the run."""
+        s = self.sampling
+        if not s.shift:
+            return
+        try:
+            phases = phase_settings(s.fanouts, s.batch_size, s.shift)
+        except ValueError as e:
+            raise ConfigError(f"--shift {s.shift!r}: {e}") from None
+        for p in phases[1:]:
+            need(len(p.fanouts) == len(s.fanouts), "--shift", s.shift,
+                 f"fanouts of {len(s.fanouts)} layers, as --fanouts (the model's layers), at epoch {p.first_epoch}")
+            need(p.first_epoch < self.training.epochs, "--shift", s.shift,
+                 f"shift epochs before --epochs {self.training.epochs} (epoch {p.first_epoch} is never trained)")
+
+    def phase_settings(self) -> list[PhaseSettings]:
+        return phase_settings(self.sampling.fanouts, self.sampling.batch_size, self.sampling.shift)
+
+    def run_phases(self, max_seeds_per_phase: list[int]) -> RunPhases:
+        """The run's phases, given each phase's busiest trainer's seed count (a trainer and the
+        simulator must agree on these)."""
+        phases = []
+        for i, (p, most) in enumerate(zip(self.phase_settings(), max_seeds_per_phase)):
+            batch, steps = minibatch_shape(p.batch_setting, most)
+            phases.append(Phase(i, p.first_epoch, p.fanouts, batch, steps, p.seed_fraction))
+        return RunPhases(phases, self.training.epochs)
+
     def resolved_batch_size(self, max_train_per_trainer: int) -> int:
-        if self.sampling.batch_size:
-            return self.sampling.batch_size
-        return min(PAPER_BATCH_SIZE, max(16, -(-max_train_per_trainer // 4)))
+        return minibatch_shape(self.sampling.batch_size, max_train_per_trainer)[0]
 
     def minibatch_shape(self, max_train_per_trainer: int) -> tuple[int, int]:
-        """(batch size, steps per epoch), equal on every trainer: the busiest trainer's seed
-        count sets them (a trainer and the simulator must agree on this)."""
-        batch = self.resolved_batch_size(max_train_per_trainer)
-        return batch, max(1, -(-max_train_per_trainer // batch))
+        """(batch size, steps per epoch) of an unshifted run."""
+        return minibatch_shape(self.sampling.batch_size, max_train_per_trainer)
+
+
+def minibatch_shape(batch_setting: int, max_train_per_trainer: int) -> tuple[int, int]:
+    """(batch size, steps per epoch), equal on every trainer: the busiest trainer's seed count
+    sets them; a batch setting of 0 resolves to min(2000, max(16, ceil(count / 4)))."""
+    batch = batch_setting or min(PAPER_BATCH_SIZE, max(16, -(-max_train_per_trainer // 4)))
+    return batch, max(1, -(-max_train_per_trainer // batch))
 
 
 def parser() -> options.Parser:

@@ -166,7 +166,7 @@ def train(cfg, layout, meta) -> int:
                        grace=120.0 if cfg.checkpoint.every else 15.0).install()  # a checkpoint comes first
     try:
         trainer = Trainer(cfg, layout, meta, stop)
-        progress = (Progress(cfg.output.progress, cfg.training.epochs, trainer.steps_per_epoch)
+        progress = (Progress(cfg.output.progress, cfg.training.epochs, trainer.phases.total)
                     if layout.world.rank == 0 else None)
         summary = trainer.run(progress)
         if progress is not None:

@@ -10,13 +10,13 @@ from rudder.logs import metrics
 
 
 class Progress:
-    def __init__(self, mode: str, epochs: int, steps_per_epoch: int, stream=None):
+    def __init__(self, mode: str, epochs: int, minibatches: int, stream=None):
         self.mode, self.stream = mode, stream or sys.stderr
         self.epochs, self.bar = epochs, None
         if mode == "bar":
             from tqdm import tqdm
 
-            self.bar = tqdm(total=epochs * steps_per_epoch, unit="mb", desc="epoch 1", file=self.stream,
+            self.bar = tqdm(total=minibatches, unit="mb", desc="epoch 1", file=self.stream,
                             mininterval=0.5, dynamic_ncols=True)
 
     def step(self, loss: float) -> None:

@@ -40,6 +40,7 @@ from rudder.prefetch.pipeline import MinibatchPipeline, Prepared
 from rudder.prefetch.policies import PolicyContext, make_policy
 from rudder.prefetch.vip import fill_ranking
 from rudder.sampling.neighbors import NeighborSampler
+from rudder.sampling.phases import phase_sampler_fanouts, phase_seeds
 from rudder.sampling.schedule import minibatch_schedule, my_share
 from rudder.train.checkpointing import CheckpointCoordinator, Resumed, load_resumed
 from rudder.train.config import TrainConfig
@@ -74,12 +75,12 @@ class Trainer:
             self.watchdog.doing("training thread", f"building the trainer: {what}")
             build()
             self.watchdog.progress()
-        self.policy.start(PolicyContext(self.facts, self.log, layout.trainer_rank, self.steps_per_epoch,
+        self.policy.start(PolicyContext(self.facts, self.log, layout.trainer_rank, self.phases,
                                         self._open_agent_link))  # before the pipeline thread first asks it
         if self.resumed:
             self.policy.load_state_dict(self.resumed.rank_state["policy"])
         self.checkpoints = CheckpointCoordinator(cfg, layout.trainers, layout.world.rank, layout.world.size,
-                                                 self.steps_per_epoch, self.log, self._snapshot, self._model_state,
+                                                 self.phases, self.log, self._snapshot, self._model_state,
                                                  self.policy.on_checkpoint)
         self.last_eval: dict[str, float] = {}
         self.stop_signal = 0  # after a stop: the signal that caused it (the same on every rank)
@@ -112,16 +113,19 @@ class Trainer:
         self.partition = part = read_partition(cfg.data.path, layout.partition_id, meta, structure=self.exposes)
         self.store = FeatureStore(layout, meta, cfg.data.path, self.exposer, gets=cfg.data.rma_gets)
         self.adjacency = open_adjacency(cfg.data.topology, layout, meta, part, self.exposer, cfg.data.path)
-        self.sampler = NeighborSampler(self.adjacency, cfg.sampling.fanouts, seed=[cfg.training.seed, layout.trainer_rank])
         self.halo = np.sort(part.halo_nodes)
         start = part.node_start
         self.train_nodes = start + np.flatnonzero(part.train_mask)  # the partition's; split per epoch
         self.eval_sets = {name: my_share(start + np.flatnonzero(mask), layout)
                           for name, mask in (("val", part.val_mask), ("test", part.test_mask))}
-        # Equal steps on every trainer: the busiest trainer's seed count sets the count.
-        self.my_train = my_share(self.train_nodes, layout).size
-        most = layout.trainers.allreduce(self.my_train, op=MPI.MAX)
-        self.batch_size, self.steps_per_epoch = cfg.minibatch_shape(most)
+        # Equal steps on every trainer: the busiest trainer's seed count in each phase sets its count.
+        mine = [my_share(phase_seeds(cfg.training.seed, layout.partition_id, self.train_nodes, p.seed_fraction),
+                         layout).size for p in cfg.phase_settings()]
+        self.phases = cfg.run_phases([layout.trainers.allreduce(n, op=MPI.MAX) for n in mine])
+        self.my_train = mine[0]
+        self.batch_size, self.steps_per_epoch = self.phases.phases[0].batch_size, self.phases.phases[0].steps_per_epoch
+        self.sampler = NeighborSampler(self.adjacency, cfg.sampling.fanouts, seed=[cfg.training.seed, layout.trainer_rank],
+                                       fanouts_of=phase_sampler_fanouts(self.phases))
 
     def _build_model(self) -> None:
         """Replicas equal on every trainer (broadcast from trainer 0), or the checkpoint's."""
@@ -165,12 +169,13 @@ class Trainer:
         capacity = self.features.buffer.capacity if self.features.buffer is not None else 0
         # What the agent (and a classifier's features) know of this trainer, fixed for the run.
         self.facts = trainer_facts(self.meta, layout.world.rank, layout.trainer_rank, self.batch_size,
-                                   self.steps_per_epoch * cfg.training.epochs, part.halo_nodes.size, capacity,
+                                   self.phases.total, part.halo_nodes.size, capacity,
                                    self.policy.action_limits(self.features.buffer))
 
     def _build_log(self) -> None:
         cfg, meta, layout, fill = self.cfg, self.meta, self.layout, self.fill
         run = {"batch_size": self.batch_size, "steps_per_epoch": self.steps_per_epoch, "train_seeds": int(self.my_train),
+               "phases": self.phases.describe(),
                "device": str(self.device), "model_impl": cfg.model.impl, "allreduce": self.allreduce.path,
                "mpi_cuda_support": self.mpi_cuda_support, "partition_exposed_here": self.exposes,
                "halo_nodes": int(self.partition.halo_nodes.size), "buffer_capacity": self.facts["capacity"],
@@ -200,8 +205,7 @@ class Trainer:
     def schedule(self, start: int = 0):
         """(epoch, step, seeds) of this trainer from minibatch ``start`` on."""
         return minibatch_schedule(self.cfg.training.seed, self.layout.partition_id, self.train_nodes,
-                                  lambda order: my_share(order, self.layout), self.steps_per_epoch,
-                                  self.cfg.training.epochs, start)
+                                  lambda order: my_share(order, self.layout), self.phases, start)
 
     # -- checkpoint state ----------------------------------------------------------------------
     def _snapshot(self) -> dict:
@@ -217,7 +221,7 @@ class Trainer:
 
         with h5py.File(self.log.path, "r", locking=False) as f:
             rows = f["minibatches"][()]
-        return [r for r in rows if r["epoch"] == self.start // self.steps_per_epoch]
+        return [r for r in rows if r["epoch"] == self.phases.position(self.start)[0]]
 
     # -- one step ------------------------------------------------------------------------------
     def _finish_device_work(self) -> None:
@@ -268,7 +272,8 @@ class Trainer:
         looked = a.hit_total + a.miss_total
         t_compute, t_allreduce, t_update = step_times
         return {
-            "epoch": item.epoch, "step": item.step, "seeds": seeds.size, "input_nodes": mb.input_nodes.size,
+            "epoch": item.epoch, "step": item.step, "phase": self.phases.of_epoch(item.epoch).index,
+            "seeds": seeds.size, "input_nodes": mb.input_nodes.size,
             "input_remote": remote.size,
             "input_halo": int(np.isin(remote, self.halo, assume_unique=True).sum()) if self.halo.size else 0,
             "rows_local": fetch.rows_local, "rows_shared": fetch.rows_shared, "rows_rma": fetch.rows_remote,
@@ -295,9 +300,9 @@ class Trainer:
         rows, stopped = [], False
         start = time.perf_counter()
         earlier = []  # a resumed epoch: the rows logged before the checkpoint
-        if self.resumed_rows is not None and epoch == self.start // self.steps_per_epoch:
+        if self.resumed_rows is not None and epoch == self.phases.position(self.start)[0]:
             earlier, self.resumed_rows = self.resumed_rows, None
-        for _ in range(self.steps_per_epoch - len(earlier)):
+        for _ in range(self.phases.steps(epoch) - len(earlier)):
             row, stopped = self.step()
             rows.append(row)
             if progress is not None:
@@ -308,8 +313,9 @@ class Trainer:
         table = np.array(earlier + rows, dtype=MINIBATCH_ROW)
         # A resumed epoch's time before the checkpoint: its logged step times (no wall clock survives)
         seconds += float(sum(r["t_wait"] + r["t_forward_backward"] + r["t_allreduce"] + r["t_update"] for r in earlier))
-        complete = len(table) == self.steps_per_epoch  # a stop after the last step still completes it
-        result = {"epoch": epoch, "steps": len(table), "complete": complete, "seconds": seconds,
+        complete = len(table) == self.phases.steps(epoch)  # a stop after the last step still completes it
+        result = {"epoch": epoch, "phase": self.phases.of_epoch(epoch).index,
+                  "steps": len(table), "complete": complete, "seconds": seconds,
                   **{t: float(table[t].sum()) for t in EPOCH_TIMERS},
                   **{k: int(table[k].sum()) for k in ("input_nodes", "input_remote", "bytes_rma", "hits", "misses",
                                                       "refills", "comm_volume")},
@@ -342,7 +348,7 @@ class Trainer:
         self.log.flush(training_started_at=time.time())
         per_epoch = []  # trainer 0: every trainer's epoch rows (since this job started)
         stopped = False
-        for epoch in range(self.start // self.steps_per_epoch, self.cfg.training.epochs):
+        for epoch in range(self.phases.position(self.start)[0], self.cfg.training.epochs):
             result = self.epoch(epoch, progress)
             rows = self.layout.trainers.gather(result.row, root=0)
             if rows is not None:
