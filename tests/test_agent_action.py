@@ -239,11 +239,25 @@ def losses(logs):
     return [log["minibatches"]["loss"] for log in logs if log["role"] == "trainer"]
 
 
+@pytest.fixture(scope="module")
+def no_buffer(parts, tmp_path_factory):
+    """no_buffer(trainers): the losses of the no-buffer run on that many trainers, run once for
+    every test that compares against it."""
+    runs = {}
+
+    def losses_of(trainers):
+        if trainers not in runs:
+            run = str(tmp_path_factory.mktemp(f"none{trainers}") / "run")
+            runs[trainers] = losses(train(parts[trainers], run, trainers, "--policy", "none"))
+        return runs[trainers]
+    return losses_of
+
+
 @pytest.mark.parametrize("trainers", [1, 2, 4])
-def test_every_budget_and_window_trains_as_without_a_buffer(parts, tmp_path, trainers):
+def test_every_budget_and_window_trains_as_without_a_buffer(parts, no_buffer, tmp_path, trainers):
     from rudder.sim.validate import validate
 
-    base = losses(train(parts[trainers], str(tmp_path / "none"), trainers, "--policy", "none"))
+    base = no_buffer(trainers)
     variants = {"budgets": ("--policy", "tuner", "--agent-action", "structured"),
                 "windows": ("--policy", "tuner", "--agent-action", "structured", "--agent-buffer", "window")}
     if trainers == 2:
@@ -332,10 +346,10 @@ sys.exit(main())
 """
 
 
-def test_bad_or_stale_actions_fall_back_with_their_reason_and_training_goes_on(parts, tmp_path):
+def test_bad_or_stale_actions_fall_back_with_their_reason_and_training_goes_on(parts, no_buffer, tmp_path):
     script = tmp_path / "unruly.py"
     script.write_text(LAUNCHER)
-    base = losses(train(parts[2], str(tmp_path / "none"), 2, "--policy", "none"))
+    base = no_buffer(2)
     env = dict(os.environ, PYTHONPATH=REPO)
     for name, flags in (("unruly", ()), ("stale", ("--agent-stale-after", "1"))):
         run = str(tmp_path / name)

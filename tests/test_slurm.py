@@ -20,6 +20,9 @@ from conftest import BUNDLED_CORA, REPO, read_logs
 
 from rudder.agent.tiny_gguf import write_tiny_gguf
 
+# MinJobAge=5: sbatch --wait sleeps 2 s, then 4x as long each time (to 32 s) while its sleep is
+# under MinJobAge/2; with the default 300 it looks at 2, 10 and 42 s (a 12 s job took 42 s), with
+# 5 every 2 s. A finished job stays listed 5 s or more: long enough for a look every 2 s.
 SLURM_CONF = """\
 ClusterName=rudder-test
 SlurmctldHost={host}
@@ -44,6 +47,7 @@ SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
+MinJobAge=5
 NodeName={host} CPUs=8 State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """

@@ -39,15 +39,49 @@ def logged_minibatches(path) -> int:
         return f["minibatches"].shape[0]
 
 
-def test_accuracy_matches_single_process_dgl_and_runs_reproduce(cora4, tmp_path):
+# Runs each rank's job (rudder.train.job, as drivers/train.py does) and records afterwards whether
+# anything had imported DGL: one file per rank in $CHECK_DIR.
+DGL_IMPORT_CHECK = ("import os, sys, mpi4py\n"
+                    "mpi4py.rc.thread_level = 'multiple'\n"
+                    "from mpi4py import MPI\n"
+                    "from rudder.train.job import main\n"
+                    "status = main(sys.argv[1:])\n"
+                    "with open(os.path.join(os.environ['CHECK_DIR'], f'rank-{MPI.COMM_WORLD.rank}'), 'w') as f:\n"
+                    "    f.write(str('dgl' in sys.modules))\n"
+                    "sys.exit(status)\n")
+
+
+@pytest.fixture(scope="module")
+def cora_impls(cora4, tmp_path_factory):
+    """The Cora run of seed 0 with each GraphSAGE layer, under the DGL import check: {impl: logs},
+    {impl: [(rank file, whether DGL was imported)]}. Three tests read it: the accuracy test (the
+    torch run is its seed-0 run), the torch-against-DGL test and the no-DGL-import test."""
+    base = tmp_path_factory.mktemp("cora-impls")
+    runs, seen = {}, {}
+    for impl in ("torch", "dgl"):
+        run, check = base / impl, base / f"check-{impl}"
+        check.mkdir()
+        args = ["--data", cora4, "--run-dir", run, "--seed", 0, *CORA_RUN, "--model-impl", impl]
+        proc = subprocess.run([mpiexec(), "-n", "4", sys.executable, "-c", DGL_IMPORT_CHECK, *map(str, args)],
+                              capture_output=True, text=True, timeout=600, cwd=REPO,
+                              env=dict(os.environ, PYTHONPATH=REPO, CHECK_DIR=str(check)))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[impl] = logs(run)
+        assert all(f["run"]["model_impl"] == impl for f in runs[impl])
+        seen[impl] = sorted((p.name, p.read_text()) for p in check.iterdir())
+    return runs, seen
+
+
+def test_accuracy_matches_single_process_dgl_and_runs_reproduce(cora4, cora_impls, tmp_path):
     from sage_reference import train_reference
 
-    accuracies, runs = [], {}
+    accuracies, runs = [], {"a": cora_impls[0]["torch"]}  # seed 0, the default layer
     for name, seed in (("a", 0), ("b", 0), ("c", 1), ("d", 2)):
         run = str(tmp_path / name)
-        proc = run_train(4, "--data", cora4, "--run-dir", run, "--seed", seed, *CORA_RUN)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[name] = logs(run)
+        if name != "a":
+            proc = run_train(4, "--data", cora4, "--run-dir", run, "--seed", seed, *CORA_RUN)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[name] = logs(run)
         assert len(runs[name]) == 4 and all(f["attrs"]["status"] == "completed" for f in runs[name])
         if name != "b":
             accuracies.append(float(runs[name][0]["epochs"]["test_acc"][-1]))
@@ -95,8 +129,8 @@ def assert_trained_alike(runs, first_steps: int):
     return accuracy
 
 
-def test_torch_layer_trains_as_dgls_on_cora(cora4, tmp_path):
-    runs = impl_runs(cora4, tmp_path, 4, "--seed", 0, *CORA_RUN)
+def test_torch_layer_trains_as_dgls_on_cora(cora_impls):
+    runs = cora_impls[0]
     accuracy = assert_trained_alike(runs, first_steps=runs["torch"][0]["run"]["steps_per_epoch"] * 2)
     assert 0.74 < accuracy["torch"] < 0.83, accuracy
 
@@ -112,28 +146,11 @@ def test_torch_layer_trains_as_dgls_on_facebook(tmp_path):
     assert accuracy["torch"] > 0.5, accuracy  # four classes: trained, not guessing
 
 
-def test_training_step_imports_no_dgl(cora4, tmp_path):
+def test_training_step_imports_no_dgl(cora_impls):
     """With --model-impl torch nothing imports DGL, start-up to the end of training and evaluation
     (so a machine without DGL trains); with --model-impl dgl the same check sees it."""
-    code = ("import os, sys, mpi4py\n"
-            "mpi4py.rc.thread_level = 'multiple'\n"
-            "from mpi4py import MPI\n"
-            "from rudder.train.job import main\n"
-            "status = main(sys.argv[1:])\n"
-            "with open(os.path.join(os.environ['CHECK_DIR'], f'rank-{MPI.COMM_WORLD.rank}'), 'w') as f:\n"
-            "    f.write(str('dgl' in sys.modules))\n"
-            "sys.exit(status)\n")
-    seen = {}
-    for impl in ("torch", "dgl"):
-        check = tmp_path / f"check-{impl}"
-        check.mkdir()
-        args = ["--data", cora4, "--run-dir", tmp_path / impl, "--epochs", 2, "--eval-every", 1, "--progress", "none",
-                "--model-impl", impl]
-        proc = subprocess.run([mpiexec(), "-n", "4", sys.executable, "-c", code, *map(str, args)], capture_output=True,
-                              text=True, timeout=300, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO, CHECK_DIR=str(check)))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        seen[impl] = sorted((p.name, p.read_text()) for p in check.iterdir())
-    assert seen == {"torch": [(f"rank-{r}", "False") for r in range(4)], "dgl": [(f"rank-{r}", "True") for r in range(4)]}
+    assert cora_impls[1] == {"torch": [(f"rank-{r}", "False") for r in range(4)],
+                             "dgl": [(f"rank-{r}", "True") for r in range(4)]}
 
 
 def test_log_contents(cora4, tmp_path):

@@ -77,12 +77,17 @@ def install(link: LinkEnd, shaper: Shaper) -> None:
 
 
 def set_rate(link: LinkEnd, shaper: Shaper, rate: int) -> None:
-    """Change the link end's rate in place (its byte counter carries on)."""
-    if shaper.qdisc == "tbf":
+    """Change the link end's rate in place, with a full bucket (its byte counter, the root
+    qdisc's, carries on)."""
+    if shaper.qdisc == "tbf":  # tbf refills its bucket on a change
         link.ns.run("tc", "qdisc", "change", "dev", link.dev, "root", "tbf", "rate", f"{rate}bit",
                     "burst", f"{shaper.burst}b", "latency", QUEUE_LATENCY)
     else:
-        link.ns.run("tc", "class", "change", "dev", link.dev, *_htb_class(rate, shaper.burst))
+        # Not `tc class change`: HTB keeps the class's token debt, counted in time, and a packet
+        # sent during a stall at 8kbit runs it up to HTB's cap of 60 s, so the link "restored"
+        # after the stall would stay silent up to a minute. A new class starts with a full bucket.
+        link.ns.run("tc", "class", "del", "dev", link.dev, "classid", "1:1")
+        link.ns.run("tc", "class", "add", "dev", link.dev, *_htb_class(rate, shaper.burst))
 
 
 def _htb_class(rate: int, burst: int) -> tuple[str, ...]:
