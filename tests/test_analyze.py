@@ -27,8 +27,10 @@ def runs(tmp_path_factory):
     out = {}
     for policy, ranks in (("none", 4), ("fixed", 4), ("heuristic", 6)):  # heuristic: + an agent rank per node
         run = str(base / policy)
+        # the heuristic answers the structured action: it predicts the wait too (Pass@1 of all three)
+        action = ("--agent-action", "structured") if policy == "heuristic" else ()
         proc = run_train(ranks, "--data", parts, "--run-dir", run, "--policy", policy, "--delta", "2", "--epochs", "4",
-                         "--eval-every", "2", "--trace", "--progress", "none", env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+                         "--eval-every", "2", "--trace", "--progress", "none", *action, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[policy] = run
     return out
@@ -91,20 +93,55 @@ def test_figures_equal_the_raw_rows(runs):
         assert q["pass_at_1_hitrate"]["n"] == n and n > 0
         assert q["pass_at_1_hitrate"]["value"] == pytest.approx(pass_at_1(decisions, "hitrate", "hitrate_impact"))
         assert q["pass_at_1_comm"]["value"] == pytest.approx(pass_at_1(decisions, "comm_volume", "comm_impact"))
+        assert (decisions["wait_impact"] >= 0).all() and (decisions["wait_seconds"] > 0).any()
+        assert q["pass_at_1_wait"]["n"] == n
+        assert q["pass_at_1_wait"]["value"] == pytest.approx(pass_at_1(decisions, "wait_seconds", "wait_impact", 0.05))
+        for name in ("hitrate", "comm", "wait"):
+            p = q[f"pass_at_1_{name}"]
+            assert 0 <= p["low"] <= p["value"] <= p["high"] <= 1
 
 
-def pass_at_1(decisions, metric, impact) -> float:
+def pass_at_1(decisions, metric, impact, flat=0.0) -> float:
     """Pass@1 recomputed here, one decision at a time: a prediction (IMPACTS: 0 stagnant,
     1 increase, 2 decrease) is right when the metric the trainer's next request reports moved
-    that way."""
+    that way (by more than ``flat`` times its value, else it stagnated)."""
     right = total = 0
     for trainer in np.unique(decisions["trainer"]):
         mine = sorted((r for r in decisions if r["trainer"] == trainer and r["fallback"] == 0), key=lambda r: r["request"])
         for before, after in zip(mine[:-1], mine[1:]):
             moved = float(after[metric]) - float(before[metric])
-            expected = {0: moved == 0, 1: moved > 0, 2: moved < 0}[int(before[impact])]
+            still = abs(moved) <= flat * abs(float(before[metric]))
+            expected = {0: still, 1: moved > 0 and not still, 2: moved < 0 and not still}[int(before[impact])]
             right, total = right + int(expected), total + 1
     return right / total
+
+
+def test_pass_at_1_and_its_interval_by_hand():
+    """Three decisions of one trainer and two of another (one fallen back, not scored): the wait
+    predictions scored against the next window's mean, flat within 5%; the Wilson interval of 2
+    of 3 worked out by hand: centre (2/3 + 1.96^2/6) / (1 + 1.96^2/3), half-width
+    1.96 / (1 + 1.96^2/3) sqrt(2/27 + 1.96^2/36)."""
+    from rudder.analysis.decisions import accuracy, pass_at_1
+    from rudder.logs.schema import DECISION_ROW
+
+    rows = np.zeros(5, DECISION_ROW)
+    rows["trainer"], rows["request"] = [0, 0, 0, 1, 1], [0, 1, 2, 0, 1]
+    rows["wait_seconds"] = [0.010, 0.0104, 0.020, 0.5, 0.1]  # +4% (flat), then up; down
+    rows["wait_impact"] = [0, 2, -1, 2, 1]  # stagnant: right; decrease: wrong; (last: not scored); decrease: right
+    assert pass_at_1(rows[:3], "wait_seconds", "wait_impact", 0.05) == (1, 2)
+    assert pass_at_1(rows[3:], "wait_seconds", "wait_impact", 0.05) == (1, 1)
+    assert pass_at_1(rows[:3], "wait_seconds", "wait_impact", 0.0) == (0, 2)  # +4% is a rise when nothing is flat
+    rows["wait_impact"][0] = -1  # not predicted (the paper's action): not scored
+    assert pass_at_1(rows[:3], "wait_seconds", "wait_impact", 0.05) == (0, 1)
+    a = accuracy(2, 3)
+    z = 1.96
+    centre, half = (2 / 3 + z * z / 6) / (1 + z * z / 3), z / (1 + z * z / 3) * np.sqrt(2 / 27 + z * z / 36)
+    assert a["value"] == pytest.approx(2 / 3) and a["n"] == 3
+    assert (a["low"], a["high"]) == pytest.approx((centre - half, centre + half))
+    assert (a["low"], a["high"]) == pytest.approx((0.2077, 0.9385), abs=1e-4)
+    assert accuracy(0, 0) == {"value": None, "low": None, "high": None, "n": 0}
+    full = accuracy(5, 5)
+    assert full["high"] == 1.0 and 0.5 < full["low"] < 1.0  # not empty at all correct, as p +- 1.96 sqrt(p(1-p)/n) is
 
 
 def test_table_json_and_plots(runs, tmp_path):

@@ -128,9 +128,10 @@ def figures(run_dir: str, data_dir: str) -> dict:
         # a decision cut off because its trainer had finished is not the decider's fault
         invalid = sum(n for reason, n in reasons.items() if reason != "trainer_finished")
         row["decisions"] = {"count": q["count"], "answered": q["count"] - sum(reasons.values()), "evict": q["evict"],
-                            "latency_mean": q["latency_mean"], "pass_at_1_hitrate": q["pass_at_1_hitrate"]["value"],
-                            "pass_at_1_comm": q["pass_at_1_comm"]["value"], "latency_p50": q["latency_p50"],
-                            "pass_at_1_hitrate_ci95": q["pass_at_1_hitrate"]["ci95"],
+                            "latency_mean": q["latency_mean"], "latency_p50": q["latency_p50"],
+                            # each Pass@1 as its share, and with its 95% interval and count
+                            **{f"pass_at_1_{m}": q[f"pass_at_1_{m}"]["value"] for m in ("hitrate", "comm", "wait")},
+                            "pass_at_1": {m: q[f"pass_at_1_{m}"] for m in ("hitrate", "comm", "wait")},
                             "invalid_rate": invalid / q["count"] if q["count"] else None, "fallbacks": reasons}
     return row
 

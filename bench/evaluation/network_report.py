@@ -83,3 +83,13 @@ def targets(grid: dict, configs: dict, distdgl: dict) -> list[str]:
             out.append(f"- {key}, f={want['fraction']}: best policy ({label}) over none-serial "
                        f"{verdict(ratio(fig['epoch_seconds'], serial), want['over_serial'])}")
     return out
+
+
+def pass_cell(d: dict, metric: str) -> str:
+    """A Pass@1 as "share [low, high]" (its 95% interval); results of older harnesses hold the share alone."""
+    scored = (d.get("pass_at_1") or {}).get(metric)
+    if not scored:
+        return fmt(d.get(f"pass_at_1_{metric}"), ".3f")
+    if scored["value"] is None:
+        return "-"
+    return f"{scored['value']:.3f} [{scored['low']:.2f}, {scored['high']:.2f}]"

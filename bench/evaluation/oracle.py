@@ -7,7 +7,7 @@ stated against it and against the better of the two static buffers (degree and V
 from __future__ import annotations
 
 from bench.evaluation.grid import AGENT_POLICIES
-from bench.evaluation.network_report import fmt, ratio, verdict
+from bench.evaluation.network_report import fmt, pass_cell, ratio, verdict
 from bench.evaluation.sweep import STATICS, SWEEP
 
 
@@ -51,7 +51,7 @@ def hindsight(runs: dict, fraction) -> dict | None:
             "rows_over_oracle": ratio(fig["rows_per_epoch"], by_rows[1]["rows_per_epoch"] if by_rows else None),
             "over_static": ratio(fig["epoch_seconds"], static[1]["epoch_seconds"] if static else None),
             "invalid_rate": d.get("invalid_rate"), "latency_p50": d.get("latency_p50"),
-            "pass_at_1": d.get("pass_at_1_hitrate"), "pass_at_1_ci95": d.get("pass_at_1_hitrate_ci95")}
+            "pass_at_1": d.get("pass_at_1") or {}}
     strongest = min(steered, key=lambda p: steered[p]["epoch_seconds"] or float("inf"), default=None)
     return {"settings": len(fixed),
             "by_time": by_time and {"setting": by_time[0], "epoch_seconds": by_time[1]["epoch_seconds"]},
@@ -93,13 +93,12 @@ def oracle_section(grid: dict, configs: dict) -> list[str]:
                          f"| {fmt(vip.get('epoch_seconds'), '.3f')} | {fmt(deg.get('rows_per_epoch'), ',.0f')} "
                          f"| {fmt(vip.get('rows_per_epoch'), ',.0f')} | {fmt(o['vip_over_degree_rows'], '.3f')} |")
     lines += ["", "| configuration | f | policy | epoch s | x best fixed (time) | x better static | rows/epoch "
-              "| x best fixed (rows) | invalid rate | latency p50 s | Pass@1 hit rate |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| x best fixed (rows) | invalid rate | latency p50 s | Pass@1 rows | Pass@1 wait |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, at in found.items():
         for f, o in at.items():
             for policy, p in o["steered"].items():
-                pass_at_1 = (f"{p['pass_at_1']:.2f} +- {p['pass_at_1_ci95']:.2f}"
-                             if isinstance(p["pass_at_1"], float) and isinstance(p["pass_at_1_ci95"], float) else "-")
+                pass_at_1 = " | ".join(pass_cell(p, m) for m in ("comm", "wait"))
                 lines.append(f"| {key} | {f} | {policy} | {fmt(p['epoch_seconds'], '.3f')} | {fmt(p['over_oracle'], '.3f')} "
                              f"| {fmt(p['over_static'], '.3f')} ({o['better_static'] or '-'}) "
                              f"| {fmt(p['rows_per_epoch'], ',.0f')} | {fmt(p['rows_over_oracle'], '.3f')} "

@@ -17,7 +17,7 @@ import numpy as np
 from bench.evaluation.floor import floor
 from bench.evaluation.grid import FRACTION_FREE, REPO, Network
 from bench.evaluation.harness import Harness, figures
-from bench.evaluation.network_report import floor_table, targets
+from bench.evaluation.network_report import floor_table, pass_cell, targets
 from bench.evaluation.oracle import oracle_section, oracle_targets
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_template.md")
@@ -64,15 +64,15 @@ def policy_table(r: dict, fractions: list) -> list[str]:
 
 def decisions_table(configs: dict) -> list[str]:
     lines = ["| configuration | policy | decisions | answered | evict | latency s | Pass@1 hit rate | Pass@1 comm "
-             "| invalid rate |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| Pass@1 wait | invalid rate |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in configs.items():
         for label, fig in r["runs"].items():
             d = fig.get("decisions")
             if d:
                 lines.append(f"| {key} | {label} | {d['count']} | {d.get('answered', '-')} | {d['evict']} "
-                             f"| {fmt(d['latency_mean'], '.3f')} | {fmt(d['pass_at_1_hitrate'], '.3f')} "
-                             f"| {fmt(d['pass_at_1_comm'], '.3f')} | {fmt(d['invalid_rate'], '.3f')} |")
+                             f"| {fmt(d['latency_mean'], '.3f')} | {pass_cell(d, 'hitrate')} | {pass_cell(d, 'comm')} "
+                             f"| {pass_cell(d, 'wait')} | {fmt(d['invalid_rate'], '.3f')} |")
     return lines
 
 

@@ -67,8 +67,12 @@ REPORT_FIELDS = REQUEST_FIELDS[-6:]
 HELLO_FIELDS = ("kind", "world_rank", "num_nodes", "num_edges", "partition", "num_parts", "batch_size",
                 "total_minibatches", "halo", "capacity", "max_refill", "max_window")
 # DECISION payload: request id, the action (decision KEEP/EVICT, refill budget, window), predicted
-# hit-rate and comm impact (IMPACTS index), latency seconds, fallback code (FALLBACKS; 0: the decider's own)
-DECISION_FIELDS = ("request", "decision", "refill", "window", "hitrate_impact", "comm_impact", "latency", "fallback")
+# hit-rate and comm impact (IMPACTS index), latency seconds, fallback code (FALLBACKS; 0: the decider's
+# own), then the predicted impact on the trainer's input wait (IMPACTS index; -1: none predicted, the
+# paper's action). New fields go at the end: the transport reads the payload by position.
+DECISION_FIELDS = ("request", "decision", "refill", "window", "hitrate_impact", "comm_impact", "latency", "fallback",
+                   "wait_impact")
+NO_IMPACT = -1  # a direction not predicted (the wait_impact of a paper-mode decision)
 HELLO_START = len(HELLO_FIELDS)  # the HELLO message's last value: the minibatch the trainer starts from (resumed: > 0)
 MESSAGE_SIZE = max(len(REQUEST_FIELDS), HELLO_START + 1)
 
@@ -84,6 +88,12 @@ class Decision:
     fallback: str = "none"  # why the fallback was used (rudder.logs.schema.FALLBACKS); "none": it was not
     fallback_reason: str = ""  # the same, in words
     action: Action | None = None  # a structured answer; None: the paper's evict/keep (``Action.paper``)
+    wait_impact: str | None = None  # predicted direction of the trainer's input wait (IMPACTS); None: not predicted
+
+    def impact_codes(self) -> dict:
+        """The predicted directions as IMPACTS indices (``NO_IMPACT``: not predicted), by log column."""
+        return {"hitrate_impact": IMPACTS.index(self.hitrate_impact), "comm_impact": IMPACTS.index(self.comm_impact),
+                "wait_impact": NO_IMPACT if self.wait_impact is None else IMPACTS.index(self.wait_impact)}
 
     def resolved(self, limits: ActionLimits) -> Action:
         return self.action if self.action is not None else Action.paper(self.decision == EVICT, limits)

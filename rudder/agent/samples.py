@@ -16,7 +16,8 @@ def random_context(rng: np.random.Generator, max_window: int = 0) -> TrainerCont
     facts = {"world_rank": 0, "num_nodes": 2708, "num_edges": 10556, "partition": 1, "num_parts": 4, "batch_size": 16,
              "total_minibatches": 300, "halo": 200, "capacity": 50, "max_refill": 50, "max_window": max_window}
     history = [{"status": str(rng.choice(STATUSES)), "evicted": int(rng.integers(0, 20)),
-                "hitrate_delta": float(rng.normal()), "comm_delta": float(rng.normal())} for _ in range(rng.integers(0, 6))]
+                "hitrate_delta": float(rng.normal()), "comm_delta": float(rng.normal()),
+                "wait_delta": float(rng.normal(0, 0.002))} for _ in range(rng.integers(0, 6))]
     latest = {"counter": int(rng.integers(0, 300)), "epoch": 1, "step": 2, "remaining": int(rng.integers(0, 300)),
               "hitrate": float(rng.integers(0, 100)), "comm_volume": float(rng.uniform(0, 100)),
               "candidates": float(rng.integers(0, 50)), "refetched": float(rng.integers(0, 10)),

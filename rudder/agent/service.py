@@ -9,7 +9,7 @@ import numpy as np
 
 from rudder.agent.action import ActionLimits
 from rudder.agent.deciders import Decider, TrainerContext
-from rudder.agent.protocol import EVICT, IMPACTS, KEEP, WINDOW_METRICS, Decision, check_observation, conditions
+from rudder.agent.protocol import EVICT, KEEP, WINDOW_METRICS, Decision, check_observation, conditions
 from rudder.logs.schema import FALLBACKS
 
 
@@ -75,20 +75,20 @@ class DecisionService:
         """Log decision ``d`` on ``req`` and return its payload."""
         action = d.resolved(ActionLimits.of(ctx.facts))
         ctx.pending = {"request": int(req["request"]), "decision": int(action.evict), "hitrate": req["hitrate"],
-                       "comm_volume": req["comm_volume"], "counter": int(req["counter"])}
+                       "comm_volume": req["comm_volume"], "wait_seconds": req["wait_seconds"], "counter": int(req["counter"])}
         self.decisions += 1
         code = FALLBACKS.index(d.fallback)
+        impacts = d.impact_codes()
         self.log.append("decisions", {
             "trainer": int(ctx.facts["world_rank"]), "request": int(req["request"]), "minibatch": int(req["counter"]),
             "epoch": int(req["epoch"]), "remaining": int(req["remaining"]), "hitrate": req["hitrate"],
-            "comm_volume": req["comm_volume"], **{k: ctx.latest[k] for k in ("bandwidth", "wait_share", "headroom")},
-            "decision": int(action.evict), **action.row(), "hitrate_impact": IMPACTS.index(d.hitrate_impact),
-            "comm_impact": IMPACTS.index(d.comm_impact), "latency": latency, "fallback": int(code != 0),
-            "fallback_code": code})
+            "comm_volume": req["comm_volume"], "wait_seconds": req["wait_seconds"],
+            **{k: ctx.latest[k] for k in ("bandwidth", "wait_share", "headroom")}, "decision": int(action.evict),
+            **action.row(), **impacts, "latency": latency, "fallback": int(code != 0), "fallback_code": code})
         for name, text in (("prompt", d.prompt), ("answer", d.raw or d.explanation), ("fallback_reason", d.fallback_reason)):
             self.log.append_ragged(name, np.frombuffer(text.encode(), dtype=np.uint8))
-        return np.array([req["request"], *action.payload(), IMPACTS.index(d.hitrate_impact),
-                         IMPACTS.index(d.comm_impact), latency, float(code)])
+        return np.array([req["request"], *action.payload(), impacts["hitrate_impact"], impacts["comm_impact"], latency,
+                         float(code), impacts["wait_impact"]])
 
     def reflect(self, ctx: TrainerContext, req: dict) -> None:
         """Turn the pending decision into a history record with before/after deltas (spec 2.4)."""
@@ -108,6 +108,7 @@ class DecisionService:
             status = "decision_no_evict"
         ctx.history.append({"status": status, "evicted": evicted, "hitrate_delta": req["hitrate"] - p["hitrate"],
                             "comm_delta": req["comm_volume"] - p["comm_volume"],
+                            "wait_delta": req["wait_seconds"] - p.get("wait_seconds", req["wait_seconds"]),
                             "before": {"hitrate": p["hitrate"], "comm_volume": p["comm_volume"]}})
         if arrived:
             self.log.append("outcomes", {"trainer": int(ctx.facts["world_rank"]), "request": p["request"],

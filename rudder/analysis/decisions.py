@@ -1,26 +1,50 @@
 """The agents' decisions in a run (spec 2.9): counts, fallbacks by reason, latency, the gap from
 a request to the minibatch its answer arrived on (mean, p50, p95), the answers not applied
 there (stale, or refused by the trainer), the mean refill budget of the replacements, and
-Pass@1: whether each predicted direction of hit rate (and communication volume) matches the sign
-of its change by the trainer's next decision, with the evaluation scripts' 95% binomial interval."""
+Pass@1: whether each predicted direction of hit rate, communication volume (rows) and, for the
+structured action, the trainer's input wait matches the direction of its change by the trainer's
+next decision (the next window's mean), with its 95% Wilson interval (``rudder.logs.metrics``).
+Hit rate and rows are scored by the sign of the change, as the published system's scripts do (its
+hit rate is a whole percentage, often unchanged); the wait, a timed mean that is never exactly
+the same twice, counts as flat within ``WAIT_FLAT`` of its previous value."""
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
+from rudder.logs.metrics import wilson_interval
 from rudder.logs.reader import Run
 from rudder.logs.schema import FALLBACKS
 
 PREDICTED_SIGN = {0: 0, 1: 1, 2: -1}  # rudder.agent.protocol.IMPACTS: stagnant, increase, decrease
+WAIT_FLAT = 0.05  # a relative change of the wait under 5% is no change
+# What is scored: (log column of the window's mean, of the prediction, relative change that is still flat)
+SCORED = {"hitrate": ("hitrate", "hitrate_impact", 0.0), "comm": ("comm_volume", "comm_impact", 0.0),
+          "wait": ("wait_seconds", "wait_impact", WAIT_FLAT)}
 
 
 def accuracy(correct: int, n: int) -> dict:
-    """Share correct with the 95% binomial interval, p +- 1.96 sqrt(p(1-p)/n)."""
+    """Share correct with its 95% Wilson interval [low, high]."""
     if not n:
-        return {"value": None, "ci95": None, "n": 0}
-    p = correct / n
-    return {"value": p, "ci95": 1.96 * math.sqrt(p * (1 - p) / n), "n": n}
+        return {"value": None, "low": None, "high": None, "n": 0}
+    low, high = wilson_interval(correct, n)
+    return {"value": correct / n, "low": low, "high": high, "n": n}
+
+
+def realised_direction(before: np.ndarray, after: np.ndarray, flat: float) -> np.ndarray:
+    """-1, 0 or 1 per change from ``before`` to ``after``: 0 within ``flat`` x |before| (0: unchanged)."""
+    change = after - before
+    return np.where(np.abs(change) <= flat * np.abs(before), 0, np.sign(change)).astype(np.int64)
+
+
+def pass_at_1(mine: np.ndarray, metric: str, impact: str, flat: float) -> tuple[int, int]:
+    """(correct, scored) of one trainer's decisions in request order: each prediction against what
+    the next decision's window showed; predictions of ``NO_IMPACT`` (-1) are not scored."""
+    values = mine[metric].astype(np.float64)
+    realised = realised_direction(values[:-1], values[1:], flat)
+    codes = mine[impact][:-1].astype(np.int64)
+    scored = codes >= 0
+    predicted = np.array([PREDICTED_SIGN.get(int(c), 0) for c in codes[scored]], dtype=np.int64)
+    return int((predicted == realised[scored]).sum()), int(scored.sum())
 
 
 def decision_table(run: Run) -> np.ndarray:
@@ -31,16 +55,15 @@ def decision_quality(run: Run) -> dict:
     d = decision_table(run)
     o = np.concatenate([a.outcomes for a in run.agents])
     valid = d[d["fallback"] == 0]
-    scores = {"hitrate": [0, 0], "comm_volume": [0, 0]}
+    scores = {name: [0, 0] for name in SCORED}
     intervals = []
     for trainer in np.unique(valid["trainer"]):
         mine = np.sort(valid[valid["trainer"] == trainer], order="request")
         intervals += np.diff(mine["minibatch"]).tolist()
-        for metric, impact in (("hitrate", "hitrate_impact"), ("comm_volume", "comm_impact")):
-            realised = np.sign(np.diff(mine[metric].astype(np.float64)))
-            predicted = np.array([PREDICTED_SIGN[int(i)] for i in mine[impact][:-1]])
-            scores[metric][0] += int((predicted == realised).sum())
-            scores[metric][1] += int(realised.size)
+        for name, (metric, impact, flat) in SCORED.items():
+            correct, n = pass_at_1(mine, metric, impact, flat)
+            scores[name][0] += correct
+            scores[name][1] += n
     requested = {(int(t), int(r)): int(m) for t, r, m in zip(d["trainer"], d["request"], d["minibatch"])}
     gaps = [int(a) - requested[(int(t), int(r))] for t, r, a in zip(o["trainer"], o["request"], o["applied_minibatch"])
             if (int(t), int(r)) in requested]
@@ -59,7 +82,7 @@ def decision_quality(run: Run) -> dict:
             "not_applied": int(refused.sum()),
             "refill_mean": float(d["refill"][d["evict"] == 1].mean()) if (d["evict"] == 1).any() else None,
             "interval_mean": float(np.mean(intervals)) if intervals else None,
-            "pass_at_1_hitrate": accuracy(*scores["hitrate"]), "pass_at_1_comm": accuracy(*scores["comm_volume"])}
+            **{f"pass_at_1_{name}": accuracy(*scores[name]) for name in SCORED}}
 
 
 def fallback_counts(run: Run) -> dict[str, int]:

@@ -48,7 +48,14 @@ FIGURES = [  # (label, path into the summary, format[, scale]); text figures get
     ("stale answers", ("decisions", "stale"), "{} "),
     ("mean refill budget", ("decisions", "refill_mean"), "{:.1f}"),
     ("Pass@1 hit rate", ("decisions", "pass_at_1_hitrate", "value"), "{:.3f}"),
+    ("Pass@1 hit rate 95% low", ("decisions", "pass_at_1_hitrate", "low"), "{:.3f}"),
+    ("Pass@1 hit rate 95% high", ("decisions", "pass_at_1_hitrate", "high"), "{:.3f}"),
     ("Pass@1 comm", ("decisions", "pass_at_1_comm", "value"), "{:.3f}"),
+    ("Pass@1 comm 95% low", ("decisions", "pass_at_1_comm", "low"), "{:.3f}"),
+    ("Pass@1 comm 95% high", ("decisions", "pass_at_1_comm", "high"), "{:.3f}"),
+    ("Pass@1 wait", ("decisions", "pass_at_1_wait", "value"), "{:.3f}"),
+    ("Pass@1 wait 95% low", ("decisions", "pass_at_1_wait", "low"), "{:.3f}"),
+    ("Pass@1 wait 95% high", ("decisions", "pass_at_1_wait", "high"), "{:.3f}"),
 ]
 
 
@@ -103,6 +110,6 @@ SCHEMA = {
                    "latency_mean": (float, None), "latency_p50": (float, None), "latency_p95": (float, None),
                    "gap_mean": (float, None), "gap_p50": (float, None), "gap_p95": (float, None), "stale": int,
                    "not_applied": int, "refill_mean": (float, None), "interval_mean": (float, None),
-                   "pass_at_1_hitrate": {"value": (float, None), "ci95": (float, None), "n": int},
-                   "pass_at_1_comm": {"value": (float, None), "ci95": (float, None), "n": int}}, None),
+                   **{f"pass_at_1_{name}": {"value": (float, None), "low": (float, None), "high": (float, None),
+                                            "n": int} for name in ("hitrate", "comm", "wait")}}, None),
 }

@@ -9,6 +9,8 @@ all compute their figures with these functions, so a number means the same where
   brought in: ``input_remote - hits + refills`` (every remote feature row that crossed to a trainer);
 * **communication volume** (the paper's): cacheable misses plus refills, ``misses + refills``;
   it leaves out remote inputs a buffer may not hold (with the halo scope, those beyond one hop);
+* **share correct with its 95% interval** (Pass@1): the Wilson score interval of ``correct`` in
+  ``n``, which stays inside [0, 1] and is not empty at 0 or n correct (the normal approximation is);
 * **hit %**: hits over cacheable lookups, ``100 hits / (hits + misses)``; the paper's per-minibatch
   figure is the same ratio, cumulative and rounded to an integer.
 
@@ -23,6 +25,14 @@ import numpy as np
 def remote_rows_fetched(rows) -> np.ndarray:
     """Remote feature rows each row (minibatch or epoch) fetched: misses of any remote input plus refills."""
     return rows["input_remote"] - rows["hits"] + rows["refills"]
+
+
+def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of the share ``correct / n`` (z = 1.96: 95%); n > 0."""
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
 
 
 def comm_volume(misses, refills):

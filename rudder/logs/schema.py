@@ -121,11 +121,13 @@ DECISION_ROW = table(
     ("comm_volume", "f4", "the window's mean communication volume per minibatch"),
     ("bandwidth", "f8", "the window's achieved RMA fetch bandwidth, bytes per second of feature reads (0: none read)"),
     ("wait_share", "f4", "the window's share of step time the training thread waited for its inputs"),
+    ("wait_seconds", "f8", "the window's mean seconds per minibatch the training thread waited for its inputs"),
     ("headroom", "f8", "the window's mean free buffer slots (capacity - occupancy)"),
     ("decision", "i1", "0 keep, 1 evict (rudder.agent.protocol)"),
     *ACTION_COLUMNS,
     ("hitrate_impact", "i1", "predicted hit-rate direction: 0 stagnant, 1 increase, 2 decrease"),
     ("comm_impact", "i1", "predicted communication direction, likewise"),
+    ("wait_impact", "i1", "predicted direction of the trainer's input wait, likewise (-1: none, the paper's action)"),
     ("latency", "f8", "seconds the decision took on the agent"),
     ("fallback", "i1", "1 if the configured fallback decision was used"),
     ("fallback_code", "i1", "why (FALLBACKS); its words are the ragged fallback_reason"),
@@ -188,7 +190,8 @@ def upgrade(table: np.ndarray, dtype: np.dtype) -> np.ndarray:
     for name in dtype.names:
         if name in table.dtype.names:
             out[name] = table[name]
-    for name in ("refill_budget", "decision_request", "decision_age"):  # older logs: no bound, no decision recorded
+    # older logs: no bound, no decision recorded, no wait predicted (its wait not recorded: zero)
+    for name in ("refill_budget", "decision_request", "decision_age", "wait_impact"):
         if name in dtype.names and name not in table.dtype.names:
             out[name] = -1
     if "fallback_code" in dtype.names and "fallback_code" not in table.dtype.names and "fallback" in table.dtype.names:

@@ -170,6 +170,9 @@ class LLMSection:
                              name="llm_max_tokens", check=(lambda v: v >= 16, "at least 16 tokens"))
     temperature: float = option(0.2, "sampling temperature", name="llm_temperature",
                                 check=(lambda v: v >= 0, "a non-negative temperature"))
+    reason_chars: int = option(0, "with --agent-action structured: ask for a reason of at most N characters after "
+                               "the answer (0: none; every character costs decision time)", name="llm_reason_chars",
+                               check=(lambda v: 0 <= v <= 200, "0 (no reason) to 200 characters"))
     fallback: str = option("keep", "decision when the model fails, times out or answers out of format",
                            name="llm_fallback", choices=("keep", "evict"))
     timeout: float = option(60.0, "seconds a decision may take before the fallback is used", name="llm_timeout",

@@ -56,6 +56,14 @@ class Decider:
         pass
 
 
+def refill_wait_impact(rows: int, latest: dict) -> str:
+    """A rule-based decider's predicted direction of the trainer's input wait after refilling
+    ``rows``: the refilled rows are read in the same request as the next minibatch's misses, so
+    where the trainer already waits for its inputs (the network is on its path) it waits more;
+    where it does not wait, or nothing is refilled, the wait stays as it is."""
+    return "increase" if rows > 0 and latest["wait_share"] > 0 else "stagnant"
+
+
 def blank_context() -> TrainerContext:
     """A context of zeros (a model's warm-up question)."""
     latest = {**dict.fromkeys(("counter", "epoch", "step", "remaining"), 0), **dict.fromkeys(WINDOW_METRICS, 0.0),

@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from rudder.agent.action import Action, ActionLimits
-from rudder.agent.deciders.base import Decider, TrainerContext, register_decider
+from rudder.agent.deciders.base import Decider, TrainerContext, refill_wait_impact, register_decider
 from rudder.agent.features import FEATURES, features
 from rudder.agent.protocol import EVICT, KEEP, Decision
 
@@ -159,6 +159,7 @@ class Classifier(Decider):
                      prompt=json.dumps({"features": dict(zip(FEATURES, np.round(x, 4).tolist()))}))
         if self.cfg.agent.action == "structured":
             d.action = budget_of(evict, p, ctx)
+            d.wait_impact = refill_wait_impact(d.action.refill, ctx.latest)
             answer["refill"] = d.action.refill
         d.raw = json.dumps(answer)
         return d

@@ -3,7 +3,7 @@ honest non-LLM baseline), and with ``--agent-action structured`` a rule for how 
 from __future__ import annotations
 
 from rudder.agent.action import Action, ActionLimits
-from rudder.agent.deciders.base import Decider, TrainerContext, register_decider
+from rudder.agent.deciders.base import Decider, TrainerContext, refill_wait_impact, register_decider
 from rudder.agent.protocol import EVICT, KEEP, Decision
 
 
@@ -17,6 +17,7 @@ class Heuristic(Decider):
         d = self.paper(ctx)
         if getattr(getattr(self.cfg, "agent", None), "action", "paper") == "structured":
             d.action = self.budget(ctx, d.decision == EVICT)
+            d.wait_impact = refill_wait_impact(d.action.refill, ctx.latest)
         return d
 
     def paper(self, ctx: TrainerContext) -> Decision:

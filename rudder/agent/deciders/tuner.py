@@ -5,7 +5,9 @@ where the buffer looks ahead), with ``paper`` keep and evict. Each action's rewa
 wait share of the window reported after it (the share of step time the training thread waited
 for its inputs, as measured), so it learns which budget costs the steps least as conditions go;
 where nobody waits, every action scores alike and it goes on trying them in turn, which then
-costs no time either. Every action is tried once, in order, before any is repeated."""
+costs no time either. Every action is tried once, in order, before any is repeated. Its predicted
+wait (structured): the chosen action's mean wait share so far against the latest window's, higher
+"increase", lower "decrease", untried or equal "stagnant"."""
 from __future__ import annotations
 
 import math
@@ -63,6 +65,9 @@ class Tuner(Decider):
         arms.last = arms.choose()
         action = arms.actions[arms.last]
         mean = [t / p if p else None for t, p in zip(arms.total, arms.pulls)]
+        expected = mean[arms.last]  # minus the chosen action's mean wait share
+        wait = None if not self.structured else "stagnant" if expected is None or expected == reward else (
+            "decrease" if expected > reward else "increase")
         return Decision(EVICT if action.evict else KEEP, explanation=f"arm {arms.last} of {len(arms.actions)}",
                         raw=f'{{"arm": {arms.last}, "reward": {reward:.4f}, "means": {mean}}}',
-                        action=action if self.structured else None)
+                        action=action if self.structured else None, wait_impact=wait)
