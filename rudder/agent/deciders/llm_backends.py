@@ -68,7 +68,11 @@ class InProcessModel:
         from llama_cpp import Llama, LlamaGrammar
 
         self.settings, self.name = llm, resolve_model(llm.model)
-        self.llm = Llama(self.name, n_ctx=llm.ctx, n_threads=llm.threads or threads, seed=seed, verbose=False)
+        # The prompt's threads too: llama-cpp-python gives batch evaluation one thread per core of the
+        # host, and on a rank bound to fewer cores those threads spin at each barrier, one descheduled
+        # behind another (an agent bound to one core of two answered 6x slower than unbound).
+        n = llm.threads or threads
+        self.llm = Llama(self.name, n_ctx=llm.ctx, n_threads=n, n_threads_batch=n, seed=seed, verbose=False)
         self.grammar = LlamaGrammar.from_string(grammar, verbose=False)
 
     def complete(self, messages: list, abandoned) -> str:
