@@ -70,18 +70,25 @@ def uninterrupted(parts, tmp_path_factory):
     return runs
 
 
-def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(parts, uninterrupted, tmp_path):
-    run = str(tmp_path / "run")
-    job = start(2, flags(parts, "fixed", LONG) + ["--run-dir", run, "--checkpoint-every", "7"])
+def kill_after_checkpoint(job, run: str, counter: int):
+    """SIGKILL rank 0 of ``job`` once ``run`` has a checkpoint at minibatch ``counter`` or later."""
     try:
         deadline = time.monotonic() + 120
-        while latest_counter(run) < 41 and job.poll() is None and time.monotonic() < deadline:
+        while latest_counter(run) < counter and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert job.poll() is None, "the run ended before it could be killed"
-        os.kill(rank_pids(run)[0], signal.SIGKILL)  # no warning: the logs hold rows past the checkpoint
+        os.kill(rank_pids(run)[0], signal.SIGKILL)
         job.communicate(timeout=60)
     finally:
         job.kill()
+    return job
+
+
+def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(parts, uninterrupted, tmp_path):
+    run = str(tmp_path / "run")
+    # SIGKILL gives no warning: the logs hold rows past the checkpoint
+    job = kill_after_checkpoint(start(2, flags(parts, "fixed", LONG) + ["--run-dir", run, "--checkpoint-every", "7"]),
+                                run, 41)
     assert job.returncode != 0
     killed_at = latest_counter(run)
     assert (killed_at + 1) % 7 == 0
@@ -101,16 +108,8 @@ def test_a_killed_run_resumes_across_a_shift(parts, tmp_path):
     proc = run_train(2, *flags(parts, "lookahead"), "--shift", SHIFT, "--run-dir", base)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = str(tmp_path / "run")
-    job = start(2, flags(parts, "lookahead", LONG) + ["--shift", SHIFT, "--run-dir", run, "--checkpoint-every", "7"])
-    try:
-        deadline = time.monotonic() + 120
-        while latest_counter(run) < 6 and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert job.poll() is None, "the run ended before it could be killed"
-        os.kill(rank_pids(run)[0], signal.SIGKILL)
-        job.communicate(timeout=60)
-    finally:
-        job.kill()
+    kill_after_checkpoint(start(2, flags(parts, "lookahead", LONG) + ["--shift", SHIFT, "--run-dir", run,
+                                                                      "--checkpoint-every", "7"]), run, 6)
     killed_at = latest_counter(run)
     assert 0 <= killed_at < 108 and (killed_at + 1) % 7 == 0  # before the shift: the resumed part crosses it
     proc = run_train(2, "--resume", run, "--epochs", "20", "--progress", "none")
@@ -152,17 +151,8 @@ def test_sigterm_checkpoints_then_stops_and_the_run_resumes(parts, uninterrupted
 
 def test_agent_contexts_survive_a_resume(parts, tmp_path):
     run = str(tmp_path / "run")
-    job = start(3, flags(parts, "heuristic", LONG) + ["--run-dir", run, "--checkpoint-every", "20",
-                                                           "--delta", "1", "--agent-delay", "0.02"])
-    try:
-        deadline = time.monotonic() + 120
-        while latest_counter(run) < 59 and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert job.poll() is None, "the run ended before it could be killed"
-        os.kill(rank_pids(run)[0], signal.SIGKILL)
-        job.communicate(timeout=60)
-    finally:
-        job.kill()
+    kill_after_checkpoint(start(3, flags(parts, "heuristic", LONG) + ["--run-dir", run, "--checkpoint-every", "20",
+                                                                       "--delta", "1", "--agent-delay", "0.02"]), run, 59)
     import torch
 
     counter = latest_counter(run)
