@@ -31,6 +31,22 @@ def test_serial_steps_add_up_and_overlapped_steps_take_the_longer_side():
     assert timing.epoch_seconds(np.array([3.0, 6, 9, 12]), np.array([0, 0, 1, 1]), [0, 1]) == [6, 6]
 
 
+def test_overlapped_sampling_reads_wait_behind_the_bulk_and_feature_reads_do_not():
+    """On a shared link with overlap, a sampling round pays the loaded round trip (its small reads
+    queue behind other trainers' feature bytes), a feature round the unloaded one (its bytes are
+    that bulk, already shared by link_seconds); without overlap both pay the unloaded one."""
+    m = Machine(**{**HOST, "loaded_latency": 0.5, "sample_step": 0.0, "cores": 0})
+    zeros = np.zeros(3)
+    sampled = [dict(edges=zeros, input_nodes=zeros, flops=zeros, sample_seconds=zeros, adjacency_bytes_remote=zeros,
+                    adjacency_rounds=np.array([1.0, 0, 0])) for _ in range(2)]
+    fetched = [dict(rows_rma=zeros, decisions_at=zeros, fetch_seconds=zeros, bytes_rma=zeros,
+                    fetch_rounds=np.array([0.0, 1, 2])) for _ in range(2)]
+    overlapped = timing.step_costs(m, sampled, fetched, 4, depth=1)["comm"][0]
+    serial = timing.step_costs(m, sampled, fetched, 4, depth=0)["comm"][0]
+    np.testing.assert_allclose(overlapped, [0.5, 0.01, 0.02])
+    np.testing.assert_allclose(serial, [0.01, 0.01, 0.02])
+
+
 def test_links_divide_bandwidth_as_their_topology_does():
     b = np.array([[1.0], [2.0], [3.0]])
     own = timing.link_seconds(b, Machine(**{**HOST, "links": "per-trainer"}))

@@ -97,11 +97,14 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
            + m.stage_step + m.stage_edge * edges)
     train = m.step_overhead + stack(sampled, "flops") / m.flops
     overlapped = depth > 0
-    # with overlap, other trainers' bulk reads fill the link while this one's small reads wait in its queue
+    # With overlap, other trainers' bulk feature reads fill the link while this one's small
+    # sampling reads wait in its queue: those pay the loaded round trip. A feature read is itself
+    # that bulk, and link_seconds already charges it for the other trainers' bytes crossing the
+    # link beside it; a loaded round trip on top would count the same queue twice.
     loaded = overlapped and m.links != "per-trainer" and len(sampled) > 1 and m.loaded_latency
-    latency = m.loaded_latency if loaded else m.latency
-    rounds = stack(sampled, "adjacency_rounds") + stack(fetched, "fetch_rounds")
-    fixed = (stack(sampled, "sample_seconds") + stack(fetched, "fetch_seconds") + rounds * latency
+    sampling_latency = m.loaded_latency if loaded else m.latency
+    fixed = (stack(sampled, "sample_seconds") + stack(fetched, "fetch_seconds")
+             + stack(sampled, "adjacency_rounds") * sampling_latency + stack(fetched, "fetch_rounds") * m.latency
              + 2 * m.latency * decisions)
     nbytes = stack(sampled, "adjacency_bytes_remote") + stack(fetched, "bytes_rma") + AGENT_MESSAGE_BYTES * decisions
     comm = fixed + link_seconds(nbytes, m)
