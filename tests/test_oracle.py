@@ -86,8 +86,9 @@ RUNS = {"none": fig(3.0, 900), "static-f0.25": fig(2.4, 700), "static-vip-f0.25"
         "fixed-f0.25": fig(2.3, 500), "lookahead-f0.25": fig(2.5, 300),
         "sweep-fixed-d4-b1-halo-f0.25": fig(2.1, 450), "sweep-fixed-d8-b0.25-remote-f0.25": fig(2.0, 600),
         "sweep-lookahead-w2-halo-f0.25": fig(2.6, 280),
-        "heuristic-f0.25": fig(1.9, 520, invalid_rate=0.0, latency_p50=0.01, pass_at_1_hitrate=0.5,
-                                pass_at_1_hitrate_ci95=0.1),
+        "heuristic-f0.25": fig(1.9, 520, invalid_rate=0.0, latency_p50=0.01,
+                                pass_at_1={"comm": {"value": 0.5, "low": 0.4, "high": 0.6},
+                                           "wait": {"value": 0.25, "low": 0.1, "high": 0.5}}),
         "tuner-f0.25": fig(1.8, 610), "llm-f0.25": fig(2.05, 500, invalid_rate=0.0, latency_p50=1.5),
         "static-f0.05": fig(1.0, 1)}  # another fraction: never compared with 0.25's
 
@@ -102,7 +103,7 @@ def test_the_hindsight_best_is_picked_by_time_and_by_rows_separately():
     t = o["steered"]["tuner"]
     assert t["over_oracle"] == pytest.approx(0.9) and t["over_static"] == pytest.approx(1.8 / 2.2)
     assert t["rows_over_oracle"] == pytest.approx(610 / 280)
-    assert o["steered"]["llm"]["latency_p50"] == 1.5 and o["steered"]["heuristic"]["pass_at_1_ci95"] == 0.1
+    assert o["steered"]["llm"]["latency_p50"] == 1.5 and o["steered"]["heuristic"]["pass_at_1"]["wait"]["high"] == 0.5
     without_sweep = {k: v for k, v in RUNS.items() if not k.startswith("sweep-")}
     assert hindsight(without_sweep, 0.25) is None  # the grid's fixed run alone is no oracle
     # a tie goes to the first in the table, and a run without a figure is no candidate
@@ -141,11 +142,11 @@ def test_the_report_section_states_every_steered_policy(tmp_path):
     lines = oracle_section(grid, configs())
     assert lines[2] == ("| a-p2 | 0.25 | yes | 5 | sweep-fixed-d8-b0.25-remote | 2.000 | sweep-lookahead-w2-halo | 280 "
                         "| 2.400 | 2.200 | 700 | 650 | 0.929 |")
-    rows = [line for line in lines if line.startswith("| a-p2 | 0.25 | ") and line.count("|") == 12]
+    rows = [line for line in lines if line.startswith("| a-p2 | 0.25 | ") and line.count("|") == 13]
     assert [r.split(" | ")[2] for r in rows] == ["heuristic", "tuner", "llm"]
     assert rows[0] == ("| a-p2 | 0.25 | heuristic | 1.900 | 0.950 | 0.864 (static-vip) | 520 | 1.857 | 0.000 | 0.010 "
-                       "| 0.50 +- 0.10 |")
-    assert rows[2].endswith("| 0.000 | 1.500 | - |")
+                       "| 0.500 [0.40, 0.60] | 0.250 [0.10, 0.50] |")
+    assert rows[2].endswith("| 0.000 | 1.500 | - | - |")
     assert oracle_section(grid, configs(runs={k: v for k, v in RUNS.items() if not k.startswith("sweep")})) == []
 
 
