@@ -90,6 +90,13 @@ def settle(request) -> None:
         time.sleep(0.0005)
 
 
+def duplicate(comm):
+    """``comm`` duplicated (collective over it), waited for as ``settle`` waits."""
+    copy, request = comm.Idup()
+    settle(request)
+    return copy
+
+
 class CollectiveLink(AgentLink):
     """The trainer's side of the collective transport: a window's row goes out with an ``Igather``
     (the agent its root) and the node's answers come back with an ``Iscatter``, both posted at the
@@ -99,13 +106,8 @@ class CollectiveLink(AgentLink):
     def __init__(self, node_comm, facts: dict, window: int, latency: int = 0, start: int = 0):
         super().__init__(node_comm, facts, window, latency, start, aligned=True)
         # The agent duplicates the node communicator once all its trainers said HELLO (after READY).
-        self.gather_comm, self.scatter_comm = self._duplicate(), self._duplicate()
+        self.gather_comm, self.scatter_comm = duplicate(self.comm), duplicate(self.comm)
         self.windows: list = []  # (gather, scatter, row, answer) of the windows joined and not yet complete
-
-    def _duplicate(self):
-        comm, request = self.comm.Idup()
-        settle(request)
-        return comm
 
     def _window(self, row: np.ndarray):
         answer = np.zeros(len(DECISION_FIELDS))

@@ -9,8 +9,8 @@ SKIP row (its decision still outstanding: the metrics it gathered meanwhile are 
 dropped, as in p2p, so the agent has nothing to decide for it), and tests the window's
 ``Iscatter`` of answers each minibatch, never waiting. The agent keeps up to
 ``--agent-windows-in-flight`` gathers posted ahead on one duplicate of the node communicator,
-decides every request of the windows gathered so far in one pass (``DecisionService.answer_all``:
-one batched model call per node, which divides a model's cost by the trainers it serves), and
+decides every request of the windows gathered so far in one pass (``DecisionService.answer_all``,
+meant for one batched model call per node; today its deciders answer the requests one by one), and
 answers each window with an ``Iscatter`` on another duplicate, in window order; gathers posted
 apart from answers let it keep gathering while it decides. A trainer has at most one request in
 flight, so an agent behind by several windows has no older request of a trainer to supersede: it
@@ -36,6 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from rudder.agent.deciders import DECIDERS, Decider, TrainerContext, make_decider
+from rudder.agent.link import duplicate
 from rudder.agent.protocol import (
     BYE,
     CHECKPOINT,
@@ -144,19 +145,13 @@ class CollectiveServer(AgentServer):
                                f"starts {sorted(starts)}): the collective transport needs them equal")
         return window_counters(starts.pop(), totals.pop(), self.window)
 
-    def duplicate(self):
-        comm, request = self.comm.Idup()
-        while not request.Test():  # with sleeps: the node's trainers may share this core
-            time.sleep(0.0005)
-        return comm
-
     def serve(self) -> int:
         """Gather, decide and answer every window until every window is answered and every
         trainer said BYE; returns the decisions made."""
         while len(self.starts) < self.trainers:  # every HELLO in (and READY sent) before the windows are known
             self.receive()
             time.sleep(0.0005)
-        gather_comm, scatter_comm = self.duplicate(), self.duplicate()
+        gather_comm, scatter_comm = duplicate(self.comm), duplicate(self.comm)
         windows = self.windows()
         size, rows = self.comm.size, len(DECISION_FIELDS)
         own = np.zeros(MESSAGE_SIZE)  # the agent's own row of each gather (it has no request)
