@@ -28,7 +28,7 @@ from rudder.comm.layout import exposer_table
 from rudder.comm.runtime import abort_job, library_versions, mpi_cuda_support
 from rudder.comm.shared_memory import NodeSharedArrays
 from rudder.comm.watchdog import Watchdog
-from rudder.data.adjacency import open_adjacency
+from rudder.data.adjacency import open_adjacency, resolve_topology
 from rudder.data.feature_store import FeatureStore
 from rudder.data.partition_store import read_partition
 from rudder.logs import metrics
@@ -110,7 +110,11 @@ class Trainer:
         cfg, layout, meta = self.cfg, self.layout, self.meta
         self.exposer = exposer_table(layout, meta.num_parts)
         self.exposes = bool(self.exposer[layout.partition_id] == layout.trainer_rank)
-        self.partition = part = read_partition(cfg.data.path, layout.partition_id, meta, structure=self.exposes)
+        # the partition's CSR only where this rank exposes it in an RMA window (a replicated CSR is
+        # read from every partition file by the node's first trainer)
+        distributed = resolve_topology(cfg.data.topology, meta) == "distributed"
+        self.partition = part = read_partition(cfg.data.path, layout.partition_id, meta,
+                                               structure=self.exposes and distributed)
         self.store = FeatureStore(layout, meta, cfg.data.path, self.exposer, gets=cfg.data.rma_gets)
         self.adjacency = open_adjacency(cfg.data.topology, layout, meta, part, self.exposer, cfg.data.path)
         self.halo = np.sort(part.halo_nodes)
