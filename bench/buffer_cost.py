@@ -80,10 +80,10 @@ class MemoryStore:
     def in_shared_memory(self, gids):
         return np.ones(np.asarray(gids).size, dtype=bool)
 
-    def gather(self, gids, out=None, at=None, spare=False):
+    def gather(self, gids, out=None, at=None, spare=False, while_fetching=None):
         gids = np.asarray(gids, dtype=np.int64)
         parts = np.searchsorted(self.offsets, gids, side="right") - 1
-        return DistributedArray.read(self.rows, parts, gids - self.offsets[parts], out, at, spare)
+        return DistributedArray.read(self.rows, parts, gids - self.offsets[parts], out, at, spare, while_fetching)
 
 
 class Partition:

@@ -28,10 +28,10 @@ class Store:
     def in_shared_memory(self, gids):
         return np.isin(np.asarray(gids) // PART, list(self.shared))
 
-    def gather(self, gids, out=None, at=None, spare=False):
+    def gather(self, gids, out=None, at=None, spare=False, while_fetching=None):
         gids = np.asarray(gids, dtype=np.int64)
         parts = gids // PART
-        return DistributedArray.read(self.rows, parts, gids - self.offsets[parts], out, at, spare)
+        return DistributedArray.read(self.rows, parts, gids - self.offsets[parts], out, at, spare, while_fetching)
 
 
 @pytest.mark.parametrize("shared", [set(), {1}, {1, 2, 3}])

@@ -9,7 +9,10 @@ on allocated memory without the target's help; on ``Win.Create`` memory it waits
 A read of (partition, index) pairs is served from this rank's own segment or a same-node
 segment by a numpy take on the ``Shared_query`` view (MPI-4 allows it on allocated windows;
 MPICH maps on-node segments into every process), and from any other rank by RMA ``Get`` straight
-into the output positions, then one ``Flush`` per owner. Two ways to issue the Gets:
+into the output positions, then one ``Flush`` per owner. The Gets are issued first and the
+shared-memory rows copied while they are in flight, poking MPI's progress between slices of the
+copy, since over OFI/TCP a Get moves only while both its ranks are in MPI (docs/network.md,
+"Keeping the wire busy"). Two ways to issue the Gets:
 
 - ``runs``: one Get per run of rows consecutive in both the owner's segment and the output, of
   a contiguous type. MPICH's UCX netmod serves these as true one-sided reads, whatever the owner
@@ -29,6 +32,7 @@ against 1.91 s indexed (and Facebook 3.60 against 3.42).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +48,9 @@ GETS = ("auto", "runs", "indexed")
 # 2 ranks (512-byte rows, about 3,000 remote rows per minibatch) an epoch took 2.55 s by runs and
 # 1.71 s indexed; on Facebook (18.9 KB rows) runs won, 3.12 s against 3.67 s.
 RUNS_MIN_ROW_BYTES = 4096
+# Rows copied from shared memory between two pokes of MPI's progress while Gets are in flight
+# (a poke costs about a microsecond; 256 KiB take about 50 us to copy).
+PROGRESS_BYTES = 256 << 10
 
 
 @dataclass
@@ -123,10 +130,13 @@ class DistributedArray:
         self.row_items = row_items
 
     def read(self, parts: np.ndarray, index: np.ndarray, out: np.ndarray | None = None,
-             at: np.ndarray | None = None, spare: bool = False) -> tuple[np.ndarray, ReadStats]:
+             at: np.ndarray | None = None, spare: bool = False,
+             while_fetching: Callable[[], None] | None = None) -> tuple[np.ndarray, ReadStats]:
         """Rows ``index[i]`` of partition ``parts[i]`` for every i (any order, repeats allowed),
         into ``out[i]``, or into ``out[at[i]]`` when ``at`` is given (distinct rows of ``out``);
-        ``spare``: the caller fills the other rows of ``out`` afterwards (they may be overwritten)."""
+        ``spare``: the caller fills the other rows of ``out`` afterwards (they may be overwritten);
+        ``while_fetching``: called once the rows from shared memory are in place and before waiting
+        for the Gets (the caller's own copies into the other rows of ``out``, overlapping the wire)."""
         n = index.shape[0]
         if out is None:
             out = np.empty((n, *self.row_shape), dtype=self.dtype)
@@ -136,40 +146,22 @@ class DistributedArray:
                              f"rows of shape {self.row_shape}")
         stats = ReadStats()
         if n == 0:
+            if while_fetching is not None:
+                while_fetching()
             return out, stats
         order = np.argsort(parts, kind="stable")
         bounds = np.searchsorted(parts[order], np.arange(self.exposer.size + 1))
+        present = np.flatnonzero(np.diff(bounds))
         pending, datatypes, remote_start = [], [], 0.0
-        mine, filled = self.own_part, False
-        owned = int(bounds[mine + 1] - bounds[mine]) if mine is not None else 0
-        if owned and (at is None or spare) and 2 * owned >= (n if at is None else out.shape[0]):
-            # most rows are this rank's own: one contiguous copy of every row (the others get
-            # row 0 for now) is cheaper than a scatter of the own ones (2-3x per row); the other
-            # rows are overwritten below, or by the caller
-            is_own = parts == mine
-            if at is None:
-                whole = np.where(is_own, index, 0)
-            else:
-                whole = np.zeros(out.shape[0], dtype=np.int64)
-                whole[at[is_own]] = index[is_own]
-            take_rows(self.own, whole, out)
-            stats.rows_local += owned
-            filled = True
-        for part in np.flatnonzero(np.diff(bounds)):
-            if filled and part == mine:
+        # The Gets go first, so that rows cross the wire while the rows from shared memory are
+        # copied below (copying first left the wire idle for that long: docs/network.md).
+        for part in present:
+            if int(part) in self.views:
                 continue
             positions = order[bounds[part]:bounds[part + 1]]  # increasing
             local = index[positions]
             if at is not None:
                 positions = at[positions]
-            view = self.views.get(int(part))
-            if view is not None:
-                take_rows(view, local, out, positions)
-                if view is self.own:
-                    stats.rows_local += positions.size
-                else:
-                    stats.rows_shared += positions.size
-                continue
             rank = int(self.exposer[part])
             if not pending:
                 remote_start = time.perf_counter()
@@ -180,6 +172,40 @@ class DistributedArray:
             pending.append(rank)
             stats.rows_remote += positions.size
             stats.bytes_remote += positions.size * self.row_bytes
+        mine, filled = self.own_part, False
+        owned = int(bounds[mine + 1] - bounds[mine]) if mine is not None else 0
+        if not pending and owned and (at is None or spare) and 2 * owned >= (n if at is None else out.shape[0]):
+            # most rows are this rank's own and none is in flight: one contiguous copy of every
+            # row (the others get row 0 for now) is cheaper than a scatter of the own ones (2-3x
+            # per row); the other rows are overwritten below, or by the caller
+            is_own = parts == mine
+            if at is None:
+                whole = np.where(is_own, index, 0)
+            else:
+                whole = np.zeros(out.shape[0], dtype=np.int64)
+                whole[at[is_own]] = index[is_own]
+            take_rows(self.own, whole, out)
+            stats.rows_local += owned
+            filled = True
+        # with Gets in flight, in slices with MPI's progress poked between them: over OFI/TCP a
+        # Get moves only while its target (and its origin) are in MPI
+        step = max(1, PROGRESS_BYTES // self.row_bytes) if pending else n
+        for part in present:
+            view = self.views.get(int(part))
+            if view is None or (filled and part == mine):
+                continue
+            positions = order[bounds[part]:bounds[part + 1]]
+            for first in range(0, positions.size, step):
+                piece = positions[first:first + step]
+                take_rows(view, index[piece], out, piece if at is None else at[piece])
+                if pending:
+                    self.progress()
+            if view is self.own:
+                stats.rows_local += positions.size
+            else:
+                stats.rows_shared += positions.size
+        if while_fetching is not None:
+            while_fetching()
         for rank in pending:
             self.win.Flush(rank)
         for dt in datatypes:
@@ -188,6 +214,11 @@ class DistributedArray:
             stats.seconds_remote = time.perf_counter() - remote_start
         stats.owners_touched = len(pending)
         return out, stats
+
+    def progress(self) -> None:
+        """Let MPI progress what is in flight (others' Gets of this rank's rows included) without
+        waiting for anything; any thread may call it."""
+        self.comm.Iprobe()
 
     def _get_runs(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int) -> None:
         """One contiguous Get per run of rows consecutive on both sides (no Flush)."""

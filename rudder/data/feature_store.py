@@ -45,13 +45,18 @@ class NodeRows:
         return np.isin(self.meta.owner_of(gids), np.fromiter(self.rows.views, dtype=np.int64))
 
     def gather(self, gids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None,
-               spare: bool = False) -> tuple[np.ndarray, ReadStats]:
+               spare: bool = False, while_fetching=None) -> tuple[np.ndarray, ReadStats]:
         """Rows of global IDs ``gids`` (any order, repeats allowed), into ``out`` if given, at
         its rows ``at`` if given (else its first rows); ``spare``: ``out``'s other rows may be
-        overwritten (``DistributedArray.read``)."""
+        overwritten; ``while_fetching``: the caller's work to overlap the Gets
+        (``DistributedArray.read``)."""
         gids = np.asarray(gids, dtype=np.int64)
         parts = self.meta.owner_of(gids)
-        return self.rows.read(parts, gids - self.offsets[parts], out, at, spare)
+        return self.rows.read(parts, gids - self.offsets[parts], out, at, spare, while_fetching)
+
+    def progress(self) -> None:
+        """Let MPI move Gets in flight, others' of this rank's rows included (``DistributedArray.progress``)."""
+        self.rows.progress()
 
     def close(self) -> None:
         """Collective over the trainers."""
@@ -72,10 +77,10 @@ class FeatureStore(NodeRows):
         self.dim = meta.feat_dim
 
     def gather(self, gids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None,
-               spare: bool = False) -> tuple[np.ndarray, ReadStats]:
+               spare: bool = False, while_fetching=None) -> tuple[np.ndarray, ReadStats]:
         """Float32 rows of ``gids`` (``NodeRows.gather``); compact rows are gathered as stored,
-        then widened into ``out``."""
+        then widened into ``out`` (rows ``while_fetching`` writes are others than ``at``'s)."""
         if self.encoding.name == "float32":
-            return super().gather(gids, out, at, spare)
-        stored, stats = super().gather(gids)
+            return super().gather(gids, out, at, spare, while_fetching)
+        stored, stats = super().gather(gids, while_fetching=while_fetching)
         return self.encoding.decode(stored, out, at), stats

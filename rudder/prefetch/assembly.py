@@ -149,16 +149,16 @@ class CachedFeatures:
             hit_at, hit_slots, left = hit_at[~by_store], hit_slots[~by_store], int(np.count_nonzero(by_store))
         read_at = np.flatnonzero(read)
         refill_rows = None
-        # a buffer of this trainer's own: its hits are copied after, so the fetch may spare them
+        # a buffer of this trainer's own: its hits are copied while the Gets are in flight, after
+        # the store's own copies (so the fetch may spare their rows) and before settling changes a slot
+        copy_hits = None if shared else (lambda: take_rows(buf.features, hit_slots, x, hit_at))
         if refill_ids.size == 0:  # the common case: misses land straight in their rows of x
-            _, fetch = self.store.gather(nodes[read_at], out=x, at=read_at, spare=not shared)
+            _, fetch = self.store.gather(nodes[read_at], out=x, at=read_at, spare=not shared, while_fetching=copy_hits)
         else:  # one request for misses and refills, each row fetched straight to where it goes
             request, at, refill_at = self._request(nodes, read_at, refill_ids)
-            _, fetch = self.store.gather(request, out=rows, at=at, spare=not shared)
+            _, fetch = self.store.gather(request, out=rows, at=at, spare=not shared, while_fetching=copy_hits)
             refill_rows = rows[refill_at]
         fetch.rows_shared -= left  # hits all the same: read from a same-node peer, not fetched
-        if not shared:  # before settling changes any slot
-            take_rows(buf.features, hit_slots, x, hit_at)
         t3 = time.perf_counter()
         window = min(len(future), self.policy.lookahead_now())  # the policy's window for this minibatch
         with (self.lock() if rep is not None else contextlib.nullcontext()):

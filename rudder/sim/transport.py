@@ -99,10 +99,13 @@ class CountedStore(SimulatedReads):
         """No row is worth leaving to the store: rows here are 0 wide."""
         return np.zeros(np.asarray(ids).size, dtype=bool)
 
-    def gather(self, ids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None, spare: bool = False):
+    def gather(self, ids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None, spare: bool = False,
+               while_fetching=None):
         ids = np.asarray(ids, dtype=np.int64)
         rows = out if out is not None else np.empty((ids.size, 0), np.float32)
         positions = (np.arange(ids.size) if at is None else np.asarray(at)) if self.runs else None
+        if while_fetching is not None:
+            while_fetching()
         return rows, self.count(self.graph.meta.owner_of(ids), self.row_bytes, ids if self.runs else None, positions)
 
 
