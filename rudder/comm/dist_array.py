@@ -9,10 +9,10 @@ on allocated memory without the target's help; on ``Win.Create`` memory it waits
 A read of (partition, index) pairs is served from this rank's own segment or a same-node
 segment by a numpy take on the ``Shared_query`` view (MPI-4 allows it on allocated windows;
 MPICH maps on-node segments into every process), and from any other rank by RMA ``Get`` straight
-into the output positions, then one ``Flush`` per owner. The Gets are issued first and the
-shared-memory rows copied while they are in flight, poking MPI's progress between slices of the
-copy, since over OFI/TCP a Get moves only while both its ranks are in MPI (docs/network.md,
-"Keeping the wire busy"). Two ways to issue the Gets:
+into the output positions, then one ``Flush`` per owner. Where the shared-memory rows take long
+to copy the Gets are issued first and those rows copied while they are in flight, poking MPI's
+progress between slices of the copy, since over OFI/TCP a Get moves only while both its ranks are
+in MPI (docs/network.md, "Keeping the wire busy"). Two ways to issue the Gets:
 
 - ``runs``: one Get per run of rows consecutive in both the owner's segment and the output, of
   a contiguous type. MPICH's UCX netmod serves these as true one-sided reads, whatever the owner
@@ -51,6 +51,11 @@ RUNS_MIN_ROW_BYTES = 4096
 # Rows copied from shared memory between two pokes of MPI's progress while Gets are in flight
 # (a poke costs about a microsecond; 256 KiB take about 50 us to copy).
 PROGRESS_BYTES = 256 << 10
+# A read copies its rows from shared memory before issuing its Gets when they are at most this
+# many bytes (about 2 ms of copying: the wire idles that long at most), after them when more:
+# Facebook's own rows, 60-80 MB a minibatch, took 100 ms to copy; RMAT-16's, 2-3 MB, ran 3%
+# slower an epoch at 250 Mbit/s copied after the Gets than before them (docs/network.md).
+COPY_FIRST_MAX_BYTES = 8 << 20
 
 
 @dataclass
@@ -152,32 +157,20 @@ class DistributedArray:
         order = np.argsort(parts, kind="stable")
         bounds = np.searchsorted(parts[order], np.arange(self.exposer.size + 1))
         present = np.flatnonzero(np.diff(bounds))
-        pending, datatypes, remote_start = [], [], 0.0
-        # The Gets go first, so that rows cross the wire while the rows from shared memory are
-        # copied below (copying first left the wire idle for that long: docs/network.md).
-        for part in present:
-            if int(part) in self.views:
-                continue
-            positions = order[bounds[part]:bounds[part + 1]]  # increasing
-            local = index[positions]
-            if at is not None:
-                positions = at[positions]
-            rank = int(self.exposer[part])
-            if not pending:
-                remote_start = time.perf_counter()
-            if self.gets == "runs":
-                self._get_runs(out, positions, local, rank)
-            else:
-                datatypes += self._get_indexed(out, positions, local, rank, part)
-            pending.append(rank)
-            stats.rows_remote += positions.size
-            stats.bytes_remote += positions.size * self.row_bytes
+        nearby = [int(p) for p in present if int(p) in self.views]
+        remote = [int(p) for p in present if int(p) not in self.views]
+        # A long copy from shared memory goes after the Gets are issued, so that rows cross the
+        # wire meanwhile (copying first left it idle that long: docs/network.md, "Keeping the wire
+        # busy"); a short one goes first, where one contiguous copy may take every row.
+        gets_first = bool(remote) and sum(int(bounds[p + 1] - bounds[p]) for p in nearby) * self.row_bytes \
+            > COPY_FIRST_MAX_BYTES
+        flying = self._issue_gets(remote, bounds, order, index, at, out, stats) if gets_first else None
         mine, filled = self.own_part, False
         owned = int(bounds[mine + 1] - bounds[mine]) if mine is not None else 0
-        if not pending and owned and (at is None or spare) and 2 * owned >= (n if at is None else out.shape[0]):
-            # most rows are this rank's own and none is in flight: one contiguous copy of every
-            # row (the others get row 0 for now) is cheaper than a scatter of the own ones (2-3x
-            # per row); the other rows are overwritten below, or by the caller
+        if flying is None and owned and (at is None or spare) and 2 * owned >= (n if at is None else out.shape[0]):
+            # most rows are this rank's own: one contiguous copy of every row (the others get
+            # row 0 for now) is cheaper than a scatter of the own ones (2-3x per row); the other
+            # rows are overwritten below, or by the caller
             is_own = parts == mine
             if at is None:
                 whole = np.where(is_own, index, 0)
@@ -188,24 +181,27 @@ class DistributedArray:
             stats.rows_local += owned
             filled = True
         # with Gets in flight, in slices with MPI's progress poked between them: over OFI/TCP a
-        # Get moves only while its target (and its origin) are in MPI
-        step = max(1, PROGRESS_BYTES // self.row_bytes) if pending else n
-        for part in present:
-            view = self.views.get(int(part))
-            if view is None or (filled and part == mine):
+        # Get moves only while its origin and its target are in MPI
+        step = max(1, PROGRESS_BYTES // self.row_bytes) if flying else n
+        for part in nearby:
+            if filled and part == mine:
                 continue
             positions = order[bounds[part]:bounds[part + 1]]
+            view = self.views[part]
             for first in range(0, positions.size, step):
                 piece = positions[first:first + step]
                 take_rows(view, index[piece], out, piece if at is None else at[piece])
-                if pending:
+                if flying:
                     self.progress()
             if view is self.own:
                 stats.rows_local += positions.size
             else:
                 stats.rows_shared += positions.size
+        if flying is None:
+            flying = self._issue_gets(remote, bounds, order, index, at, out, stats) if remote else ([], [], 0.0)
         if while_fetching is not None:
             while_fetching()
+        pending, datatypes, remote_start = flying
         for rank in pending:
             self.win.Flush(rank)
         for dt in datatypes:
@@ -214,6 +210,25 @@ class DistributedArray:
             stats.seconds_remote = time.perf_counter() - remote_start
         stats.owners_touched = len(pending)
         return out, stats
+
+    def _issue_gets(self, remote: list, bounds, order, index, at, out, stats: ReadStats) -> tuple[list, list, float]:
+        """The Gets of every row of the partitions ``remote`` (no Flush): (ranks to flush,
+        datatypes to free after, when the first was issued)."""
+        pending, datatypes, remote_start = [], [], time.perf_counter()
+        for part in remote:
+            positions = order[bounds[part]:bounds[part + 1]]  # increasing
+            local = index[positions]
+            if at is not None:
+                positions = at[positions]
+            rank = int(self.exposer[part])
+            if self.gets == "runs":
+                self._get_runs(out, positions, local, rank)
+            else:
+                datatypes += self._get_indexed(out, positions, local, rank, part)
+            pending.append(rank)
+            stats.rows_remote += positions.size
+            stats.bytes_remote += positions.size * self.row_bytes
+        return pending, datatypes, remote_start
 
     def progress(self) -> None:
         """Let MPI progress what is in flight (others' Gets of this rank's rows included) without

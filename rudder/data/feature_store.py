@@ -54,10 +54,6 @@ class NodeRows:
         parts = self.meta.owner_of(gids)
         return self.rows.read(parts, gids - self.offsets[parts], out, at, spare, while_fetching)
 
-    def progress(self) -> None:
-        """Let MPI move Gets in flight, others' of this rank's rows included (``DistributedArray.progress``)."""
-        self.rows.progress()
-
     def close(self) -> None:
         """Collective over the trainers."""
         self.rows.close()

@@ -23,8 +23,6 @@ import numpy as np
 from rudder.prefetch.assembly import AssemblyStats
 from rudder.sampling.neighbors import SampledMinibatch
 
-HANDOVER_POLL_SECONDS = 0.001  # with a progress(): how often it is called while the queue is full
-
 
 @dataclass
 class Prepared:
@@ -43,18 +41,15 @@ class Prepared:
 
 class MinibatchPipeline:
     def __init__(self, schedule, sampler, assembler, depth: int, lookahead: int = 0, snapshot=None, stage=None,
-                 watch=None, progress=None):
+                 watch=None):
         """``schedule``: iterator of (epoch, step, seeds) over the whole run; ``snapshot``:
         ``(epoch, step) -> dict | None``, called right after a minibatch is assembled, before the
         next one changes anything (a checkpoint's buffer and policy state); ``stage``:
         ``Prepared -> object``, called last, its result kept as ``Prepared.inputs``; ``watch(what)``:
-        told what the preparing thread is doing (a watchdog's); ``progress()``: called while the
-        preparing thread waits to hand a minibatch over (MPI's progress: over OFI/TCP other ranks'
-        Gets of this rank's rows move only while one of its threads is in MPI)."""
+        told what the preparing thread is doing (a watchdog's)."""
         self.schedule, self.sampler, self.assembler = schedule, sampler, assembler
         self.watch = watch or (lambda what: None)
         self.depth, self.lookahead, self.snapshot, self.stage = depth, lookahead, snapshot, stage
-        self.progress = progress
         self.ahead: collections.deque = collections.deque()  # sampled, not yet assembled
         self.done = False
         self.stop = threading.Event()
@@ -99,14 +94,12 @@ class MinibatchPipeline:
         try:
             while not self.stop.is_set():
                 item = self._prepare()
-                wait = 0.1 if self.progress is None else HANDOVER_POLL_SECONDS
                 while not self.stop.is_set():
                     try:
-                        self.queue.put(item, timeout=wait)
+                        self.queue.put(item, timeout=0.1)
                         break
                     except queue.Full:
-                        if self.progress is not None:
-                            self.progress()
+                        continue
                 if item is None:
                     return
         except BaseException as e:  # handed to the training thread, which raises it

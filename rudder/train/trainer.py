@@ -91,8 +91,7 @@ class Trainer:
                                           cfg.sampling.prefetch_depth, self.policy.lookahead,
                                           snapshot=self.checkpoints.snapshot_if_due if self.checkpoints.enabled else None,
                                           stage=self.stager,
-                                          watch=lambda what: self.watchdog.doing("pipeline thread", what),
-                                          progress=self.store.progress)
+                                          watch=lambda what: self.watchdog.doing("pipeline thread", what))
         self.watchdog.progress()
 
     def _stalled(self, message: str) -> None:
