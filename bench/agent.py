@@ -11,11 +11,17 @@ tests for answers, and whatever its model takes from the trainers' cores. Target
     python bench/agent.py [--parts 2] [--epochs 6] [--batch-size 256] [--decisions 6] [--agent-action structured]
     python bench/agent.py --latency-only [--decisions 12]   (paper vs structured answers, side by side)
     python bench/agent.py --transports [--policy heuristic] [--repeats 2] [--agent-window 1]
+    python bench/agent.py --batched 4 [--decisions 6]   (a pass of N decisions: one batched call vs N calls)
 
 ``--transports``: the same run over ``--agent-transport p2p`` (a request and an answer per trainer
 point-to-point) and ``collective`` (an Igather and an Iscatter per window on the node), repeated
 alternately; epoch time (median over epochs, slowest trainer) and decisions answered of each, and
 collective / p2p.
+
+``--batched N``: the structured llm of the default model on one core decides passes of N
+trainers' contexts (the collective transport's pass over a node), alternately one ``decide`` per
+trainer and one ``decide_all`` (one batched llama.cpp call, ``BatchedDecoder``), on the same
+contexts; it prints the median seconds per pass of each, their ratio and the fallbacks.
 
 ``--latency-only`` loads the default model once per action mode and asks them in turn, one
 decision each (so a change of the machine's load falls on both alike), on the same random
@@ -119,6 +125,30 @@ def latency(model: str, threads: int, decisions: int, action: str = "paper") -> 
     return float(np.mean(r["seconds"])), r["fallbacks"] / decisions
 
 
+def batched_passes(n: int, passes: int) -> None:
+    llm = llm_of(default_model(), 1, "structured")
+    rng, seconds, fallbacks = np.random.default_rng(0), {"one call each": [], "one batched call": []}, {}
+    try:
+        llm.decide_all([random_context(rng) for _ in range(n)])  # the batched context's warm-up
+        for _ in range(passes):
+            contexts = [random_context(rng) for _ in range(n)]
+            for i, ctx in enumerate(contexts):
+                ctx.facts["partition"] = i
+            for label, decide in (("one call each", lambda cs: [llm.decide(c) for c in cs]),
+                                  ("one batched call", llm.decide_all)):
+                t = time.perf_counter()
+                decided = decide(contexts)
+                seconds[label].append(time.perf_counter() - t)
+                fallbacks[label] = fallbacks.get(label, 0) + sum(bool(d.fallback_reason) for d in decided)
+    finally:
+        llm.close()
+    each, batched = (float(np.median(seconds[k])) for k in seconds)
+    print(f"{'pass of ' + str(n):18} {'median s':>8} {'per decision s':>14} {'fallbacks':>9}")
+    for label, sec in seconds.items():
+        print(f"{label:18} {np.median(sec):8.2f} {np.median(sec) / n:14.2f} {fallbacks[label]:9d}")
+    print(f"batched / one call each: {batched / each:.3f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", type=int, default=2, help="trainer ranks (one more rank is the agent)")
@@ -132,7 +162,15 @@ def main() -> int:
     ap.add_argument("--policy", default="heuristic", help="with --transports: the agent policy")
     ap.add_argument("--repeats", type=int, default=2, help="with --transports: runs of each transport")
     ap.add_argument("--agent-window", type=int, default=1)
+    ap.add_argument("--batched", type=int, default=0, metavar="N",
+                    help="only passes of N structured llm decisions: one batched call vs one call each")
     a = ap.parse_args()
+    if a.batched:
+        print(f"structured llm, SmolLM2-135M-Instruct, 1 thread, prompt v{PROMPT_VERSION}, {a.decisions} passes of "
+              f"{a.batched}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        batched_passes(a.batched, a.decisions)
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        return 0
     if a.latency_only:
         print(f"decision latency, SmolLM2-135M-Instruct, 1 thread, prompt v{PROMPT_VERSION}, {a.decisions} decisions "
               f"each (after a warm one), the modes in turn; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

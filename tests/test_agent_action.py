@@ -455,3 +455,34 @@ def test_bad_or_stale_actions_fall_back_with_their_reason_and_training_goes_on(p
 
     compared, mismatches = validate(str(tmp_path / "stale"))
     assert not mismatches and compared
+
+
+@pytest.mark.parametrize("buffer", ["scored", "window"])
+def test_one_batched_call_answers_a_whole_pass(tiny_model, buffer):
+    """``decide_all`` on the in-process model: one batched llama.cpp call for every trainer of a
+    pass, each answer parsed and valid; the shared prefix is kept between passes; a trainer that
+    left is cut off alone; a call past its time limit falls back for each trainer, with its reason."""
+    window = 4 if buffer == "window" else 0
+    llm = structured_llm(tiny_model, buffer, llm_temperature=1.0)
+    rng = np.random.default_rng(5)
+    try:
+        for n in (3, 2, 5):  # a larger pass than the first makes a larger context
+            contexts = [random_context(rng, window) for _ in range(n)]
+            decided = llm.decide_all(contexts)
+            assert len(decided) == n and llm.model.batched.capacity >= n
+            for d, ctx in zip(decided, contexts, strict=True):
+                assert d.fallback == "none" and not d.fallback_reason, (d.raw, d.fallback_reason)
+                assert d.action.validate(ActionLimits.of(ctx.facts)) == "none" and ('"window"' in d.raw) == bool(window)
+            system = llm.prompt(contexts[0])[0]
+            assert llm.model.batched.cached and len(llm.model.batched.cached) > len(system) // 8  # the system prompt
+        contexts = [random_context(rng, window) for _ in range(3)]
+        contexts[1].abandoned = lambda: True
+        decided = llm.decide_all(contexts)
+        assert [d.fallback for d in decided] == ["none", "trainer_finished", "none"], [d.raw for d in decided]
+        llm.model.batched.settings = TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "llm",
+                                                            "llm_timeout": 1e-6}).check().llm
+        decided = llm.decide_all([random_context(rng, window) for _ in range(3)])
+        assert [d.fallback for d in decided] == ["timeout"] * 3
+        assert all(d.fallback_reason.startswith("DecisionCutOff: no answer within --llm-timeout") for d in decided)
+    finally:
+        llm.close()

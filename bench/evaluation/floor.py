@@ -24,22 +24,22 @@ def rma_bytes(rows):
     return rows["bytes_rma"] + rows["adjacency_bytes_rma"]
 
 
-def wire_bytes_per_epoch(run_dir: str, links: str) -> float:
-    """RMA bytes per timed epoch the wire had to carry: every trainer's on the shared link (one
-    link carries them all), the most one trainer fetched on per-node links (its node's port
-    carries that at the rate; every trainer is a node of its own)."""
-    run = load_run(run_dir)
+def wire_bytes_per_epoch(run, links: str) -> float:
+    """RMA bytes per timed epoch the wire had to carry in ``run`` (``load_run``'s): every
+    trainer's on the shared link (one link carries them all), the most one trainer fetched on
+    per-node links (its node's port carries that at the rate; every trainer is a node of its own)."""
     epochs = metrics.timed_epochs(metrics.complete_epochs([r.epochs for r in run.ranks]))
     fetched = [metrics.per_epoch_mean([r.minibatches], rma_bytes, epochs) or 0.0 for r in run.ranks]
     return sum(fetched) if links == "shared" else max(fetched)
 
 
-def counted_over_logged(run_dir: str) -> float | None:
-    """The shaping's byte counter (the whole job) over the RMA bytes every trainer logged (all epochs)."""
+def counted_over_logged(run_dir: str, run) -> float | None:
+    """The shaping's byte counter (the whole job) over the RMA bytes every trainer of ``run``
+    (``load_run(run_dir)``) logged (all epochs)."""
     path = os.path.join(run_dir, "netem.json")
     if not os.path.exists(path):
         return None
-    logged = sum(int(rma_bytes(r.minibatches).sum()) for r in load_run(run_dir).ranks)
+    logged = sum(int(rma_bytes(r.minibatches).sum()) for r in run.ranks)
     return json.load(open(path))["crossed_bytes"] / logged if logged else None
 
 
@@ -48,8 +48,9 @@ def floor(run_dir: str, compute_only_dir: str, links: str) -> dict:
     ``compute_only_dir``: the same run unshaped, on one node."""
     rate_bit = json.load(open(os.path.join(run_dir, "netem.json")))["rate_bit"]
     compute = metrics.run_epoch_time([r.epochs for r in load_run(compute_only_dir).ranks])
-    wire = wire_bytes_per_epoch(run_dir, links)
+    run = load_run(run_dir)
+    wire = wire_bytes_per_epoch(run, links)
     bandwidth = 8 * wire / rate_bit
     return {"compute_only_run": os.path.abspath(compute_only_dir), "compute_seconds": compute,
             "wire_bytes_per_epoch": wire, "rate_bit": rate_bit, "bandwidth_seconds": bandwidth,
-            "seconds": max(compute or 0.0, bandwidth), "counted_over_logged": counted_over_logged(run_dir)}
+            "seconds": max(compute or 0.0, bandwidth), "counted_over_logged": counted_over_logged(run_dir, run)}

@@ -9,8 +9,8 @@ SKIP row (its decision still outstanding: the metrics it gathered meanwhile are 
 dropped, as in p2p, so the agent has nothing to decide for it), and tests the window's
 ``Iscatter`` of answers each minibatch, never waiting. The agent keeps up to
 ``--agent-windows-in-flight`` gathers posted ahead on one duplicate of the node communicator,
-decides every request of the windows gathered so far in one pass (``DecisionService.answer_all``,
-meant for one batched model call per node; today its deciders answer the requests one by one), and
+decides every request of the windows gathered so far in one pass (``DecisionService.answer_all``:
+the in-process llm answers a pass in one batched model call, the other deciders one by one), and
 answers each window with an ``Iscatter`` on another duplicate, in window order; gathers posted
 apart from answers let it keep gathering while it decides. A trainer has at most one request in
 flight, so an agent behind by several windows has no older request of a trainer to supersede: it

@@ -141,6 +141,10 @@ def refill_lines(ctx: TrainerContext) -> str:
     return "\n".join(lines)
 
 
+def conversation(system: str, user: str) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
 def fallback_code(e: Exception) -> str:
     """Why a decision fell back (rudder.logs.schema.FALLBACKS), from what went wrong."""
     if isinstance(e, DecisionCutOff):
@@ -209,10 +213,30 @@ class LLM(Decider):
 
     def decide(self, ctx: TrainerContext) -> Decision:
         system, user = self.prompt(ctx)
-        text = ""
         try:
-            text = self.model.complete([{"role": "system", "content": system}, {"role": "user", "content": user}],
-                                       ctx.abandoned)
+            answer = self.model.complete(conversation(system, user), ctx.abandoned)
+        except Exception as e:  # a failed call, a timeout: the fallback, logged
+            answer = e
+        return self._decision(answer, ctx, system, user)
+
+    def decide_all(self, contexts: list[TrainerContext]) -> list[Decision]:
+        """A pass's decisions in one batched model call where the backend has one (in-process:
+        ``BatchedDecoder``); a failure of the call falls back for each trainer, with its reason."""
+        if len(contexts) < 2 or not hasattr(self.model, "complete_all"):
+            return super().decide_all(contexts)
+        prompts = [self.prompt(ctx) for ctx in contexts]
+        try:
+            answers = self.model.complete_all([conversation(*p) for p in prompts], [c.abandoned for c in contexts])
+        except Exception as e:
+            answers = [e] * len(contexts)
+        return [self._decision(a, ctx, *p) for a, ctx, p in zip(answers, contexts, prompts, strict=True)]
+
+    def _decision(self, answer: str | Exception, ctx: TrainerContext, system: str, user: str) -> Decision:
+        """The model's answer (or what stopped it) as a validated Decision, the fallback if it is none."""
+        text = "" if isinstance(answer, Exception) else answer
+        try:
+            if isinstance(answer, Exception):
+                raise answer
             d = (parse_action(text, ActionLimits.of(ctx.facts), self.reason_chars) if self.structured
                  else parse_answer(text))
         except Exception as e:  # a bad answer, a failed call, a timeout: the fallback, logged

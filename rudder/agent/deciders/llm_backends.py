@@ -74,6 +74,8 @@ class InProcessModel:
         n = llm.threads or threads
         self.llm = Llama(self.name, n_ctx=llm.ctx, n_threads=n, n_threads_batch=n, seed=seed, verbose=False)
         self.grammar = LlamaGrammar.from_string(grammar, verbose=False)
+        self.seed, self.threads, self.grammar_text = seed, n, grammar
+        self.batched: BatchedDecoder | None = None  # made on the first batched call, for that many conversations
 
     def complete(self, messages: list, abandoned) -> str:
         s = self.settings
@@ -92,8 +94,152 @@ class InProcessModel:
             stream.close()
         return "".join(pieces)
 
+    def complete_all(self, conversations: list[list], abandoned: list) -> list:
+        """Answers to several conversations in one batched model call (``BatchedDecoder``): an
+        answer's text, or the exception that cut it off, per conversation, in their order."""
+        if self.batched is None or self.batched.capacity < len(conversations):
+            if self.batched is not None:
+                self.batched.close()
+            self.batched = BatchedDecoder(self.llm, self.settings, self.seed, self.threads, self.grammar_text,
+                                          len(conversations))
+        return self.batched.complete_all(conversations, abandoned)
+
     def close(self) -> None:
+        if self.batched is not None:
+            self.batched.close()
         self.llm.close()  # before interpreter exit, or Llama.__del__ raises
+
+
+USER_PART_TOKENS = 512  # room a batched call leaves for each conversation's part beyond the shared prefix
+
+
+class BatchedDecoder:
+    """Several conversations answered in one llama.cpp call: one context whose KV cache holds a
+    sequence per conversation. Their common prefix (the system prompt) is evaluated once, kept
+    between calls and shared by every sequence (``llama_memory_seq_cp``); the user parts are
+    evaluated in one batch; then every step decodes one token of each unfinished answer in one
+    batch, each sampled under its own copy of the grammar. So a pass over a node's trainers
+    reads the weights once a step instead of once a step per trainer. Its answers need not equal
+    the sequential ones token for token (floating-point sums run in another order)."""
+
+    def __init__(self, llm, settings, seed: int, threads: int, grammar: str, capacity: int):
+        import llama_cpp as lc
+        from llama_cpp import llama_chat_format
+
+        self.lc, self.llm, self.settings, self.seed, self.grammar = lc, llm, settings, seed, grammar.encode()
+        self.capacity = capacity
+        self.vocab = lc.llama_model_get_vocab(llm.model)
+        params = lc.llama_context_default_params()
+        # the shared prefix and one conversation in --llm-ctx, each other one's own part in its share
+        params.n_ctx = params.n_batch = settings.ctx + (capacity - 1) * (settings.max_tokens + USER_PART_TOKENS)
+        params.n_seq_max, params.kv_unified = capacity, True  # one cache the sequences share cells of
+        params.n_threads = params.n_threads_batch = threads
+        self.ctx = lc.llama_init_from_model(llm.model, params)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp could not make a context for {capacity} sequences")
+        self.memory, self.n_ctx = lc.llama_get_memory(self.ctx), params.n_ctx
+        self.batch = lc.llama_batch_init(params.n_ctx, 0, capacity)
+        template = llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ValueError(f"{settings.model or 'the model'}: no chat template in its metadata")
+        token_text = lambda t: llm.detokenize([t], special=True).decode("utf-8", "replace")  # noqa: E731
+        self.format = llama_chat_format.Jinja2ChatFormatter(template, eos_token=token_text(llm.token_eos()),
+                                                            bos_token=token_text(llm.token_bos()))
+        self.cached: list[int] = []  # the prefix sequence 0 holds between calls
+
+    def _tokens(self, messages: list) -> list[int]:
+        return self.llm.tokenize(self.format(messages=messages).prompt.encode(), add_bos=False, special=True)
+
+    def _add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        b, i = self.batch, self.batch.n_tokens
+        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
+        b.seq_id[i][0] = seq
+        b.n_tokens = i + 1
+        return i
+
+    def _decode(self) -> None:
+        if self.batch.n_tokens and self.lc.llama_decode(self.ctx, self.batch) != 0:
+            raise RuntimeError(f"llama_decode failed on {self.batch.n_tokens} tokens")
+        self.batch.n_tokens = 0
+
+    def _sampler(self, k: int):
+        lc, s = self.lc, self.settings
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_grammar(self.vocab, self.grammar, b"root"))
+        if s.temperature > 0:  # llama-cpp-python's defaults for the rest
+            for sampler in (lc.llama_sampler_init_top_k(40), lc.llama_sampler_init_top_p(0.95, 1),
+                            lc.llama_sampler_init_min_p(0.05, 1), lc.llama_sampler_init_temp(s.temperature),
+                            lc.llama_sampler_init_dist(self.seed + k)):
+                lc.llama_sampler_chain_add(chain, sampler)
+        else:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+        return chain
+
+    def complete_all(self, conversations: list[list], abandoned: list) -> list:
+        lc, s = self.lc, self.settings
+        deadline = time.monotonic() + s.timeout
+        prompts = [self._tokens(m) for m in conversations]
+        n = len(prompts)
+        common = 0  # the longest prefix of all prompts, less one token (each needs a last one to score)
+        while common < min(len(p) for p in prompts) - 1 and len({p[common] for p in prompts}) == 1:
+            common += 1
+        if common + sum(len(p) - common + s.max_tokens for p in prompts) > self.n_ctx:
+            raise RuntimeError(f"{n} conversations of up to {max(len(p) for p in prompts)} prompt tokens and "
+                               f"--llm-max-tokens {s.max_tokens} do not fit one context of {self.n_ctx} tokens")
+        kept = 0
+        while kept < min(len(self.cached), common) and self.cached[kept] == prompts[0][kept]:
+            kept += 1
+        lc.llama_memory_seq_rm(self.memory, 0, kept, -1)
+        for seq in range(1, self.capacity):
+            lc.llama_memory_seq_rm(self.memory, seq, 0, -1)
+        self.cached = list(prompts[0][:kept])
+        for j in range(kept, common):
+            self._add(prompts[0][j], j, 0, False)
+        self._decode()
+        self.cached = list(prompts[0][:common])
+        for seq in range(1, n):
+            lc.llama_memory_seq_cp(self.memory, 0, seq, 0, common)
+        at = [0] * n  # each sequence's row of logits in the last batch
+        for seq, p in enumerate(prompts):
+            for j in range(common, len(p)):
+                at[seq] = self._add(p[j], j, seq, j == len(p) - 1)
+        self._decode()
+        samplers = [self._sampler(k) for k in range(n)]
+        answers: list = [[] for _ in range(n)]
+        pos, running = [len(p) for p in prompts], list(range(n))
+        try:
+            for _ in range(s.max_tokens):
+                going = []
+                for seq in running:
+                    if abandoned[seq]():
+                        answers[seq] = DecisionCutOff("the trainer finished before the answer", "trainer_finished")
+                        continue
+                    token = lc.llama_sampler_sample(samplers[seq], self.ctx, at[seq])
+                    if lc.llama_vocab_is_eog(self.vocab, token):
+                        continue
+                    answers[seq].append(token)
+                    at[seq] = self._add(token, pos[seq], seq, True)
+                    pos[seq] += 1
+                    going.append(seq)
+                running = going
+                if not running:
+                    break
+                self._decode()
+                if time.monotonic() > deadline:
+                    for seq in running:
+                        answers[seq] = DecisionCutOff(f"no answer within --llm-timeout {s.timeout:g} s", "timeout")
+                    break
+        finally:
+            self.batch.n_tokens = 0
+            for chain in samplers:
+                lc.llama_sampler_free(chain)
+        return [a if isinstance(a, Exception) else self.llm.detokenize(a).decode("utf-8", "replace") for a in answers]
+
+    def close(self) -> None:
+        if self.ctx:
+            self.lc.llama_batch_free(self.batch)
+            self.lc.llama_free(self.ctx)
+            self.ctx = None
 
 
 def server_endpoint(url: str, path: str) -> str:
