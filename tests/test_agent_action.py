@@ -206,6 +206,44 @@ def test_heuristic_classifier_and_tuner_answer_valid_actions():
     assert max(range(8), key=later.count) == 2  # the least waiting one, chosen most
 
 
+def test_the_tuner_resumes_from_its_checkpointed_arms():
+    """A checkpoint keeps what the tuner learnt: a tuner restored from ``state_dict`` decides as the
+    one that went on, where a fresh one starts trying every arm again; arms that do not match the
+    run's actions are refused in one line."""
+    cfg = TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "tuner", "agent_action": "structured"})
+    rng = np.random.default_rng(5)
+    ctxs = [random_context(rng, 4) for _ in range(2)]
+    for rank, ctx in enumerate(ctxs):
+        ctx.facts["world_rank"] = rank
+    waits = np.random.default_rng(6).uniform(0, 1, size=(60, 2))
+
+    def run(tuner, steps):
+        out = []
+        for w in steps:
+            for ctx, share in zip(ctxs, w):
+                ctx.latest["wait_share"] = float(share)
+                out.append(tuner.decide(ctx).action)
+        return out
+
+    going_on = Tuner(cfg)
+    run(going_on, waits[:30])
+    state = going_on.state_dict()
+    assert sorted(state["arms"]) == [0, 1] and all(sum(a["pulls"]) == 29 for a in state["arms"].values())
+    restored, fresh = Tuner(cfg), Tuner(cfg)
+    restored.load_state_dict(state)
+    expected = run(going_on, waits[30:])
+    assert run(restored, waits[30:]) == expected
+    assert run(fresh, waits[30:]) != expected
+    partial = Tuner(cfg)  # a trainer that has not asked since the resume keeps its saved arms
+    partial.load_state_dict(state)
+    partial.decide(ctxs[0])
+    assert partial.state_dict()["arms"][1] == state["arms"][1]
+    wrong = Tuner(TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "tuner"}))  # paper: 2 arms
+    wrong.load_state_dict(state)
+    with pytest.raises(ValueError, match="--resume: the tuner's checkpoint has 8 arms, this run 2"):
+        wrong.decide(ctxs[0])
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     from rudder.agent.tiny_gguf import write_tiny_gguf

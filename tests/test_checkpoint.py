@@ -2,7 +2,7 @@
 checkpoint, then resumed with --resume, ends bit-identical to the uninterrupted run (every
 minibatch row, every epoch's parameter digest and accuracy) with no row lost or repeated; a
 SIGTERM (Slurm's warning before the time limit) takes a checkpoint and stops cleanly; agent
-contexts survive; bad --resume input is one line."""
+contexts and the tuner's arms survive; bad --resume input is one line."""
 from __future__ import annotations
 
 import json
@@ -149,15 +149,18 @@ def test_sigterm_checkpoints_then_stops_and_the_run_resumes(parts, uninterrupted
     assert_same_run(uninterrupted["lookahead"], run)
 
 
-def test_agent_contexts_survive_a_resume(parts, tmp_path):
+def test_agent_contexts_and_the_tuners_arms_survive_a_resume(parts, tmp_path):
     run = str(tmp_path / "run")
-    kill_after_checkpoint(start(3, flags(parts, "heuristic", LONG) + ["--run-dir", run, "--checkpoint-every", "20",
-                                                                       "--delta", "1", "--agent-delay", "0.02"]), run, 59)
+    kill_after_checkpoint(start(3, flags(parts, "tuner", LONG) + ["--run-dir", run, "--checkpoint-every", "20",
+                                                                   "--agent-action", "structured",
+                                                                   "--agent-delay", "0.02"]), run, 59)
     import torch
 
     counter = latest_counter(run)
     saved = torch.load(os.path.join(run, "checkpoint", f"minibatch-{counter:09d}", "agent-00002.pt"), weights_only=False)
     assert len(saved["contexts"]) == 2 and all(len(c["history"]) == 5 for c in saved["contexts"].values())
+    arms = saved["decider"]["arms"]
+    assert sorted(arms) == [0, 1] and all(sum(a["pulls"]) >= len(a["pulls"]) for a in arms.values())  # each tried
     proc = run_train(3, "--resume", run, "--epochs", "20", "--progress", "none")
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = read_logs(run)
@@ -166,8 +169,14 @@ def test_agent_contexts_survive_a_resume(parts, tmp_path):
         mb = r["minibatches"]
         assert sorted((mb["epoch"] * 9 + mb["step"]).tolist()) == list(range(180))
     agent = logs[2]
-    assert agent["attrs"]["resumed"][0]["rows"]["decisions"] == saved["log_rows"]["decisions"]
-    assert agent["decisions"]["minibatch"][saved["log_rows"]["decisions"]:].min() > counter  # decided after it
+    kept = saved["log_rows"]["decisions"]
+    assert agent["attrs"]["resumed"][0]["rows"]["decisions"] == kept
+    assert agent["decisions"]["minibatch"][kept:].min() > counter  # decided after it
+    # the resumed tuner went on from its saved arms: its first answer to each trainer already
+    # knows every arm's mean (a fresh one would know none: "means": [None, ...])
+    for trainer in (0, 1):
+        first = kept + int(np.flatnonzero(agent["decisions"]["trainer"][kept:] == trainer)[0])
+        assert "None" not in agent["answer"][first], agent["answer"][first]
     # A checkpoint notice behind a request is not a goodbye: only the resumed run's last
     # requests (one per trainer at most) may be cut off.
     assert agent["decisions"]["fallback"].sum() <= 2

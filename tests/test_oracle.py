@@ -11,7 +11,7 @@ import os
 import pytest
 from conftest import REPO
 
-from bench.evaluation.grid import GridError, load_grid, policy_flags
+from bench.evaluation.grid import GridError, load_grid, policy_flags, steered
 from bench.evaluation.oracle import hindsight, oracle_section, oracle_targets, steady
 from bench.evaluation.report import policy_table
 from bench.evaluation.sweep import settings
@@ -57,8 +57,25 @@ def test_the_sweep_expands_into_one_labelled_run_per_setting(tmp_path):
         else:
             assert cfg.lookahead == s.window
     assert settings(load_grid(write(tmp_path, GRID))) == []  # no [oracle]: no sweep
-    vip = parse_config([*TRAIN, *policy_flags("static-vip", 0.25, None)]).buffer
+    vip = parse_config([*TRAIN, *policy_flags(grid, "static-vip", 0.25, None)]).buffer
     assert (vip.policy, vip.init, vip.fraction) == ("static", "vip", 0.25)
+
+
+VARIANT = """
+[variants]
+tuner-window = { policy = "tuner", flags = ["--agent-action", "structured", "--agent-buffer", "window"] }
+"""
+
+
+def test_a_grid_variant_is_a_run_of_its_own_and_an_agent_variant_is_steered(tmp_path):
+    grid = load_grid(write(tmp_path, GRID.replace('"tuner"]', '"tuner", "tuner-window"]') + VARIANT + ORACLE))
+    cfg = parse_config([*TRAIN, *policy_flags(grid, "tuner-window", 0.25, None)])
+    assert (cfg.buffer.policy, cfg.agent.action, cfg.agent.buffer, cfg.buffer.fraction) == ("tuner", "structured", "window", 0.25)
+    assert steered(grid, "tuner-window") and steered(grid, "llm") and not steered(grid, "static-vip")
+    runs = {**RUNS, "tuner-window-f0.25": fig(1.7, 300)}
+    o = hindsight(grid, runs, 0.25)
+    assert set(o["steered"]) == {"heuristic", "tuner", "llm", "tuner-window"} and o["strongest"] == "tuner-window"
+    assert "tuner-window" not in hindsight(load_grid(write(tmp_path, GRID + ORACLE)), runs, 0.25)["steered"]
 
 
 @pytest.mark.parametrize("table, expected", [
@@ -70,8 +87,17 @@ def test_the_sweep_expands_into_one_labelled_run_per_setting(tmp_path):
     ("[oracle]\ndelta = 4\n", "[oracle] delta must be a list"),
     ("[targets.oracle]\nover_oracle = 0.95\n", "[targets.oracle] needs an [oracle] table"),
     ("[oracle]\ndelta = [4]\n[targets.oracle]\nover_best = 0.95\n", "[targets.oracle] 'over_best' must be one of"),
+    ("[variants]\nfixed = { policy = 'fixed' }\n", "names no policy"),
+    ("[variants]\nstatic-vip = { policy = 'static' }\n", "names no policy"),
+    ("[variants]\nsweep-x = { policy = 'fixed' }\n", "names no policy"),
+    ("[variants]\nBig = { policy = 'fixed' }\n", "lowercase letters"),
+    ("[variants]\nx = { policy = 'none' }\n", "policy must be one of static"),
+    ("[variants]\nx = { policy = 'classifier' }\n", "policy must be one of"),
+    ("[variants]\nx = { policy = 'fixed', flags = '--delta 2' }\n", "flags must be a list of strings"),
+    ("[variants]\nx = { policy = 'fixed', flag = [] }\n", "must be { policy"),
+    ("[variants]\nx = 3\n", "must be { policy"),
 ])
-def test_a_bad_oracle_table_is_one_line(tmp_path, table, expected):
+def test_a_bad_oracle_or_variants_table_is_one_line(tmp_path, table, expected):
     path = write(tmp_path, GRID + table)
     with pytest.raises(GridError) as e:
         load_grid(path)
@@ -93,8 +119,9 @@ RUNS = {"none": fig(3.0, 900), "static-f0.25": fig(2.4, 700), "static-vip-f0.25"
         "static-f0.05": fig(1.0, 1)}  # another fraction: never compared with 0.25's
 
 
-def test_the_hindsight_best_is_picked_by_time_and_by_rows_separately():
-    o = hindsight(RUNS, 0.25)
+def test_the_hindsight_best_is_picked_by_time_and_by_rows_separately(tmp_path):
+    grid = load_grid(write(tmp_path, GRID + ORACLE))
+    o = hindsight(grid, RUNS, 0.25)
     assert o["settings"] == 5  # the sweep's three and the grid's own fixed and lookahead runs
     assert o["by_time"] == {"setting": "sweep-fixed-d8-b0.25-remote", "epoch_seconds": 2.0}
     assert o["by_rows"] == {"setting": "sweep-lookahead-w2-halo", "rows_per_epoch": 280}
@@ -105,11 +132,11 @@ def test_the_hindsight_best_is_picked_by_time_and_by_rows_separately():
     assert t["rows_over_oracle"] == pytest.approx(610 / 280)
     assert o["steered"]["llm"]["latency_p50"] == 1.5 and o["steered"]["heuristic"]["pass_at_1"]["wait"]["high"] == 0.5
     without_sweep = {k: v for k, v in RUNS.items() if not k.startswith("sweep-")}
-    assert hindsight(without_sweep, 0.25) is None  # the grid's fixed run alone is no oracle
+    assert hindsight(grid, without_sweep, 0.25) is None  # the grid's fixed run alone is no oracle
     # a tie goes to the first in the table, and a run without a figure is no candidate
     tied = {**RUNS, "sweep-fixed-d4-b1-halo-f0.25": fig(2.0, None)}
-    assert hindsight(tied, 0.25)["by_time"]["setting"] == "sweep-fixed-d4-b1-halo"
-    assert hindsight(tied, 0.25)["by_rows"]["setting"] == "sweep-lookahead-w2-halo"
+    assert hindsight(grid, tied, 0.25)["by_time"]["setting"] == "sweep-fixed-d4-b1-halo"
+    assert hindsight(grid, tied, 0.25)["by_rows"]["setting"] == "sweep-lookahead-w2-halo"
 
 
 def configs(congestion="none", runs=RUNS, shift=None):
@@ -133,6 +160,7 @@ def test_the_targets_hold_the_strongest_steered_policy_where_they_apply(tmp_path
     slow = {**RUNS, "tuner-f0.25": fig(2.5, 610), "heuristic-f0.25": fig(2.3, 1), "llm-f0.25": fig(2.2, 1)}
     assert "NOT met: 1.10x (target <= 1.02x)" in oracle_targets(grid, configs(runs=slow))[0]
     assert steady(configs()["a-p2"]["config"]) and not steady(configs(shift="at=0.5")["a-p2"]["config"])
+    assert steady({**configs()["a-p2"]["config"], "shift": ""})  # a grid's steady run: its shifts' ""
     assert not steady(configs("square:1gbit,period=1")["a-p2"]["config"]) and steady({"network": None})
     assert oracle_targets(load_grid(write(tmp_path, GRID + ORACLE)), configs()) == []  # no [targets.oracle]
 
@@ -150,7 +178,7 @@ def test_the_report_section_states_every_steered_policy(tmp_path):
     assert oracle_section(grid, configs(runs={k: v for k, v in RUNS.items() if not k.startswith("sweep")})) == []
 
 
-@pytest.mark.parametrize("name", ["agent.toml", "oracle-tiny.toml"])
+@pytest.mark.parametrize("name", ["agent.toml", "agent-facebook.toml", "oracle-tiny.toml"])
 def test_the_oracle_grids_load(name):
     grid = load_grid(os.path.join(REPO, "bench", "grids", name))
     assert settings(grid) and {"static", "static-vip", "heuristic", "tuner", "llm"} <= set(grid["grid"]["policies"])

@@ -9,7 +9,7 @@ import sys
 import tomllib
 import zlib
 
-from bench.evaluation.sweep import check_sweep
+from bench.evaluation.sweep import SWEEP, check_sweep
 from partitioning.partition import FEATURE_DTYPES
 from rudder.sampling.phases import parse_shifts
 
@@ -20,7 +20,10 @@ SHARED_SPECS = {"shared:facebook": ("musae", "musae:{d}/musae:facebook", "musae/
                 "shared:citeseer": ("planetoid", "planetoid:{d}/planetoid:citeseer", "planetoid/ind.citeseer.graph")}
 AGENT_POLICIES = ("heuristic", "classifier", "llm", "tuner")
 FRACTION_FREE = ("none-serial", "none")  # no buffer: the same run at every fraction
-VARIANTS = {"static-vip": ("static", ["--buffer-init", "vip"])}  # a policy label of its own: (policy, its flags)
+BASE_POLICIES = ("none-serial", "none", "static", "fixed", "lookahead", *AGENT_POLICIES)
+# Policy labels of their own, each (its policy, its flags): these, and a grid's [variants] table
+# (label = { policy = "tuner", flags = ["--agent-buffer", "window"] }).
+VARIANTS = {"static-vip": ("static", ["--buffer-init", "vip"])}
 
 
 class GridError(Exception):
@@ -42,7 +45,8 @@ def load_grid(path: str) -> dict:
     for key in ("ranks", "fractions", "policies"):
         if not isinstance(g.get(key), list) or not g[key]:
             raise GridError(f"--grid {path}: [grid] {key} must be a non-empty list")
-    known = {"none-serial", "none", "static", "fixed", "lookahead", *AGENT_POLICIES, *VARIANTS}
+    grid["variants"] = {**VARIANTS, **check_variants(grid.get("variants", {}), path)}
+    known = {*BASE_POLICIES, *grid["variants"]}
     bad = [p for p in g["policies"] if p not in known]
     if bad:
         raise GridError(f"--grid {path}: policy {bad[0]!r} is not one of {', '.join(sorted(known))}")
@@ -73,6 +77,41 @@ def load_grid(path: str) -> dict:
         grid["datasets"][name] = entry
     check_shifts(grid, path)
     return grid
+
+
+def check_variants(table, path: str) -> dict:
+    """A grid's ``[variants]``, checked: {label: (policy, flags)}. A label names a run of its own
+    (not a policy, a built-in variant or a sweep setting); its policy is one that takes a buffer
+    fraction, the classifier excepted; flags are its extra drivers/train.py arguments."""
+    if not isinstance(table, dict):
+        raise GridError(f"--grid {path}: [variants] must be a table of label = {{ policy = ..., flags = [...] }}")
+    out = {}
+    for label, entry in table.items():
+        where = f"--grid {path}: [variants] {label!r}"
+        if label in BASE_POLICIES or label in VARIANTS or label.startswith(SWEEP) or not re.fullmatch(r"[a-z][a-z0-9-]*", label):
+            raise GridError(f"{where}: a label of lowercase letters, digits and dashes that names no policy, "
+                            f"built-in variant ({', '.join(VARIANTS)}) or sweep run ({SWEEP}...)")
+        if not isinstance(entry, dict) or set(entry) - {"policy", "flags"}:
+            raise GridError(f"{where}: must be {{ policy = ..., flags = [...] }}")
+        policy, flags = entry.get("policy"), entry.get("flags", [])
+        # a variant takes a buffer fraction; no classifier: its model is trained mid-grid
+        allowed = [p for p in BASE_POLICIES if p not in FRACTION_FREE and p != "classifier"]
+        if policy not in allowed:
+            raise GridError(f"{where}: policy must be one of {', '.join(allowed)}")
+        if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+            raise GridError(f"{where}: flags must be a list of strings")
+        out[label] = (policy, list(flags))
+    return out
+
+
+def base_policy(grid: dict, label: str) -> str:
+    """The policy a run label trains with (a variant's own, else the label itself)."""
+    return grid["variants"].get(label, (label, []))[0]
+
+
+def steered(grid: dict, label: str) -> bool:
+    """Whether run ``label`` is steered by an agent rank (an agent policy or a variant of one)."""
+    return base_policy(grid, label) in AGENT_POLICIES
 
 
 def check_shifts(grid: dict, path: str) -> None:
@@ -202,10 +241,11 @@ def configurations(grid: dict, datasets: dict) -> list[Config]:
     return out
 
 
-def policy_flags(policy: str, fraction: float | None, classifier_model: str | None) -> list[str]:
-    if policy == "none-serial":
+def policy_flags(grid: dict, label: str, fraction: float | None, classifier_model: str | None) -> list[str]:
+    """The drivers/train.py flags of run ``label`` (a policy or a variant of ``grid``) at ``fraction``."""
+    if label == "none-serial":
         return ["--policy", "none", "--no-overlap"]
-    policy, variant = VARIANTS.get(policy, (policy, []))
+    policy, variant = grid["variants"].get(label, (label, []))
     flags = ["--policy", policy, *variant]
     if fraction is not None:
         flags += ["--buffer-fraction", str(fraction)]

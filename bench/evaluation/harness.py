@@ -17,7 +17,7 @@ import time
 
 from bench import distdgl_peer
 from bench.evaluation.floor import floor
-from bench.evaluation.grid import AGENT_POLICIES, FRACTION_FREE, REPO, Network, configurations, policy_flags, shift_flags
+from bench.evaluation.grid import FRACTION_FREE, REPO, Network, configurations, policy_flags, shift_flags, steered
 from bench.evaluation.sweep import settings
 from bench.mpi_job import train_job
 from partitioning.partition import partition_graph
@@ -86,7 +86,7 @@ class Harness:
         """One drivers/train.py job (reused when it already finished with the same flags and network),
         every trainer an emulated node of its own unless ``nodes`` says how many (1: all on one node)."""
         nodes = nodes or trainers
-        agents = nodes if policy in AGENT_POLICIES else 0
+        agents = nodes if steered(self.grid, policy) else 0
         argv = ["--epochs", str(self.grid["epochs"]), "--hidden", str(self.grid["hidden"]), "--seed", str(self.seed),
                 *flags, *self.grid["policy_flags"].get(policy, [])]
         stamp = os.path.join(run_dir, "harness.json")
@@ -154,7 +154,7 @@ def run_grid(h: Harness, datasets: dict) -> dict:
             return
         label = policy if fraction is None else f"{policy}-f{fraction}"
         run_dir = os.path.join(h.out, "runs", cfg.key, label)
-        done = h.train(parts_of[cfg], run_dir, cfg.ranks, policy, [*base(cfg), *policy_flags(policy, fraction, model)],
+        done = h.train(parts_of[cfg], run_dir, cfg.ranks, policy, [*base(cfg), *policy_flags(h.grid, policy, fraction, model)],
                        cfg.network)
         if done:
             results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts_of[cfg], "runs": {}})
@@ -162,7 +162,7 @@ def run_grid(h: Harness, datasets: dict) -> dict:
         if done and cfg.network:  # its floor needs its compute-only run: unshaped, every partition on one node
             plain = dataclasses.replace(cfg, network=None)
             alone = h.train(parts_of[cfg], os.path.join(h.out, "runs", f"{plain.key}-1node", label), cfg.ranks, policy,
-                            [*base(cfg), *policy_flags(policy, fraction, model)], nodes=1)
+                            [*base(cfg), *policy_flags(h.grid, policy, fraction, model)], nodes=1)
             if alone:
                 results[cfg.key]["runs"][label]["floor"] = floor(done, alone, cfg.network.links)
 

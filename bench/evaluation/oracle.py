@@ -6,16 +6,17 @@ stated against it and against the better of the two static buffers (degree and V
 ``[targets.oracle]`` checked on those ratios (docs/evaluation.md, "The hindsight oracle")."""
 from __future__ import annotations
 
-from bench.evaluation.grid import AGENT_POLICIES
+from bench.evaluation.grid import steered
 from bench.evaluation.network_report import fmt, pass_cell, ratio, verdict
 from bench.evaluation.sweep import STATICS, SWEEP
 
 
 def steady(config: dict) -> bool:
     """Whether a configuration runs without time-varying congestion and without a mid-run shift
-    (the ``shift`` field a configuration gets from the grid's shift key; absent or "none": no shift)."""
+    (the ``shift`` field a configuration gets from the grid's shifts: "" for the steady run, as
+    absent, None or "none")."""
     net = config.get("network") or {}
-    return net.get("congestion", "none") == "none" and config.get("shift", "none") in (None, "none")
+    return net.get("congestion", "none") == "none" and config.get("shift") in (None, "", "none")
 
 
 def at_fraction(runs: dict, fraction) -> dict:
@@ -30,7 +31,7 @@ def best(candidates: dict, figure: str) -> tuple[str, dict] | None:
     return min(have, key=lambda kv: kv[1][figure]) if have else None
 
 
-def hindsight(runs: dict, fraction) -> dict | None:
+def hindsight(grid: dict, runs: dict, fraction) -> dict | None:
     """One configuration at one fraction: the hindsight-best fixed setting by epoch time and by rows
     (of the sweep and the grid's own fixed and lookahead runs), the better static by epoch time, and
     each steered policy's figures against them; None where nothing of the sweep ran."""
@@ -41,18 +42,18 @@ def hindsight(runs: dict, fraction) -> dict | None:
     by_time, by_rows = best(fixed, "epoch_seconds"), best(fixed, "rows_per_epoch")
     statics = {k: at[k] for k in STATICS if k in at}
     static = best(statics, "epoch_seconds")
-    steered = {}
-    for policy in (p for p in at if p in AGENT_POLICIES):
+    steered_runs = {}
+    for policy in (p for p in at if steered(grid, p)):
         fig = at[policy]
         d = fig.get("decisions") or {}
-        steered[policy] = {
+        steered_runs[policy] = {
             "epoch_seconds": fig["epoch_seconds"], "rows_per_epoch": fig["rows_per_epoch"],
             "over_oracle": ratio(fig["epoch_seconds"], by_time[1]["epoch_seconds"] if by_time else None),
             "rows_over_oracle": ratio(fig["rows_per_epoch"], by_rows[1]["rows_per_epoch"] if by_rows else None),
             "over_static": ratio(fig["epoch_seconds"], static[1]["epoch_seconds"] if static else None),
             "invalid_rate": d.get("invalid_rate"), "latency_p50": d.get("latency_p50"),
             "pass_at_1": d.get("pass_at_1") or {}}
-    strongest = min(steered, key=lambda p: steered[p]["epoch_seconds"] or float("inf"), default=None)
+    strongest = min(steered_runs, key=lambda p: steered_runs[p]["epoch_seconds"] or float("inf"), default=None)
     return {"settings": len(fixed),
             "by_time": by_time and {"setting": by_time[0], "epoch_seconds": by_time[1]["epoch_seconds"]},
             "by_rows": by_rows and {"setting": by_rows[0], "rows_per_epoch": by_rows[1]["rows_per_epoch"]},
@@ -61,14 +62,14 @@ def hindsight(runs: dict, fraction) -> dict | None:
             "better_static": static and static[0],
             "vip_over_degree_rows": ratio((statics.get("static-vip") or {}).get("rows_per_epoch"),
                                           (statics.get("static") or {}).get("rows_per_epoch")),
-            "steered": steered, "strongest": strongest}
+            "steered": steered_runs, "strongest": strongest}
 
 
 def oracle_results(grid: dict, configs: dict) -> dict:
     """{configuration key: {fraction: hindsight(...)}} of every configuration the sweep ran on."""
     out = {}
     for key, r in configs.items():
-        at = {str(f): h for f in grid["grid"]["fractions"] if (h := hindsight(r["runs"], f)) is not None}
+        at = {str(f): h for f in grid["grid"]["fractions"] if (h := hindsight(grid, r["runs"], f)) is not None}
         if at:
             out[key] = at
     return out

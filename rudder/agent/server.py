@@ -125,7 +125,8 @@ class AgentServer(DecisionService):
         del self.checkpoints[counter]
         self.log.flush()
         checkpoints.save(os.path.join(checkpoints.folder(self.run_dir, counter), agent_file(self.world_rank)),
-                         {"counter": counter, "contexts": self.saved_contexts(), "log_rows": dict(self.log.written)})
+                         {"counter": counter, "contexts": self.saved_contexts(), "decider": self.decider.state_dict(),
+                          "log_rows": dict(self.log.written)})
 
 
 class CollectiveServer(AgentServer):
@@ -193,9 +194,9 @@ def agent_file(world_rank: int) -> str:
 
 def run_agent(cfg, layout, meta) -> int:
     """An agent rank's whole job: serve its node's trainers until they all said BYE."""
-    contexts, rows = None, None
+    contexts, rows, decider_state = None, None, {}
     if cfg.checkpoint.resume:  # the contexts saved with the trainers' latest checkpoint (if the agent got there)
-        contexts, rows = resumed_contexts(cfg.output.run_dir, layout.world.rank)
+        contexts, rows, decider_state = resumed_contexts(cfg.output.run_dir, layout.world.rank)
     decider_class = DECIDERS[cfg.buffer.policy]
     log = RunLog(log_path(cfg.output.run_dir, layout.world.rank),
                  {"role": AGENT, "config": cfg.to_json(), "versions": json.dumps(library_versions()),
@@ -205,6 +206,7 @@ def run_agent(cfg, layout, meta) -> int:
                  AGENT_TABLES, AGENT_RAGGED, flush_seconds=cfg.output.log_flush_seconds, resume_rows=rows)
     t = time.perf_counter()
     decider = make_decider(cfg, layout.threads_per_rank)
+    decider.load_state_dict(decider_state)
     log.flush(decider_build_seconds=time.perf_counter() - t, decider_ready_at=time.time())
     try:
         if cfg.agent.transport == "collective":
@@ -222,16 +224,17 @@ def run_agent(cfg, layout, meta) -> int:
     return decisions
 
 
-def resumed_contexts(run_dir: str, world_rank: int) -> tuple[dict, dict]:
-    """(contexts by trainer, log row counts) from the latest checkpoint; without an agent file
-    there (the job ended before the agent saved), empty contexts and the log kept whole."""
+def resumed_contexts(run_dir: str, world_rank: int) -> tuple[dict, dict, dict]:
+    """(contexts by trainer, log row counts, the decider's state) from the latest checkpoint;
+    without an agent file there (the job ended before the agent saved), empty contexts, the log
+    kept whole and the decider fresh."""
     record = checkpoints.latest(run_dir)
     path = os.path.join(checkpoints.folder(run_dir, record["counter"]), agent_file(world_rank))
     if not os.path.exists(path):
-        return {}, {name: np.iinfo(np.int64).max for name in (*AGENT_TABLES, *AGENT_RAGGED)}
+        return {}, {name: np.iinfo(np.int64).max for name in (*AGENT_TABLES, *AGENT_RAGGED)}, {}
     saved = checkpoints.load(path)
     contexts = {}
     for trainer, c in saved["contexts"].items():
         contexts[trainer] = TrainerContext(c["facts"], history=deque(c["history"], maxlen=5), pending=c["pending"],
                                            last_evicted=c["last_evicted"])
-    return contexts, saved["log_rows"]
+    return contexts, saved["log_rows"], saved.get("decider", {})  # older checkpoints kept no decider state

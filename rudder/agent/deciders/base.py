@@ -52,6 +52,15 @@ class Decider:
                 decided.append(Decision(KEEP).fell_back("error", f"{type(e).__name__}: {e}"))
         return decided
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of this decider beside the trainers' contexts (an online
+        learner's statistics; {} for a decider that learns nothing). Saved when the node's
+        trainers have all checkpointed, as the contexts are."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Back from ``state_dict``, before a resumed run's first decision."""
+
     def close(self) -> None:
         pass
 

@@ -31,6 +31,18 @@ class Arms:
     def __post_init__(self):
         self.pulls, self.total = [0] * len(self.actions), [0.0] * len(self.actions)
 
+    def state(self) -> dict:
+        return {"pulls": list(self.pulls), "total": list(self.total), "last": self.last}
+
+    @classmethod
+    def restored(cls, actions: list[Action], state: dict) -> Arms:
+        """Arms over ``actions`` with the statistics a checkpoint saved (``state``)."""
+        if len(state["pulls"]) != len(actions) or len(state["total"]) != len(actions):
+            raise ValueError(f"--resume: the tuner's checkpoint has {len(state['pulls'])} arms, this run {len(actions)}")
+        arms = cls(actions)
+        arms.pulls, arms.total, arms.last = list(state["pulls"]), list(state["total"]), state["last"]
+        return arms
+
     def choose(self) -> int:
         n = sum(self.pulls)
         untried = [i for i, p in enumerate(self.pulls) if p == 0]
@@ -54,10 +66,14 @@ class Tuner(Decider):
         super().__init__(cfg)
         self.structured = cfg.agent.action == "structured"
         self.arms: dict[int, Arms] = {}
+        self.saved: dict[int, dict] = {}  # a resumed run's arms, by trainer, until its first request
 
     def decide(self, ctx: TrainerContext) -> Decision:
         rank = int(ctx.facts["world_rank"])
-        arms = self.arms.setdefault(rank, Arms(actions_of(ActionLimits.of(ctx.facts), self.structured)))
+        if rank not in self.arms:
+            actions = actions_of(ActionLimits.of(ctx.facts), self.structured)
+            self.arms[rank] = Arms.restored(actions, self.saved.pop(rank)) if rank in self.saved else Arms(actions)
+        arms = self.arms[rank]
         reward = -ctx.latest["wait_share"]
         if arms.last is not None:
             arms.pulls[arms.last] += 1
@@ -71,3 +87,11 @@ class Tuner(Decider):
         return Decision(EVICT if action.evict else KEEP, explanation=f"arm {arms.last} of {len(arms.actions)}",
                         raw=f'{{"arm": {arms.last}, "reward": {reward:.4f}, "means": {mean}}}',
                         action=action if self.structured else None, wait_impact=wait)
+
+    def state_dict(self) -> dict:
+        """Every trainer's arms: a resumed run goes on from what the tuner had learnt (the arms of
+        a trainer that has not asked since the resume are kept as saved)."""
+        return {"arms": {**self.saved, **{rank: arms.state() for rank, arms in self.arms.items()}}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.saved = {int(rank): arms for rank, arms in state.get("arms", {}).items()}
