@@ -39,12 +39,35 @@ def test_overlapped_sampling_reads_wait_behind_the_bulk_and_feature_reads_do_not
     zeros = np.zeros(3)
     sampled = [dict(edges=zeros, input_nodes=zeros, flops=zeros, sample_seconds=zeros, adjacency_bytes_remote=zeros,
                     adjacency_rounds=np.array([1.0, 0, 0])) for _ in range(2)]
-    fetched = [dict(rows_rma=zeros, decisions_at=zeros, fetch_seconds=zeros, bytes_rma=zeros,
+    fetched = [dict(rows_rma=zeros, decisions_at=zeros, fetch_seconds=zeros, bytes_rma=zeros, hits=zeros,
                     fetch_rounds=np.array([0.0, 1, 2])) for _ in range(2)]
     overlapped = timing.step_costs(m, sampled, fetched, 4, depth=1)["comm"][0]
     serial = timing.step_costs(m, sampled, fetched, 4, depth=0)["comm"][0]
     np.testing.assert_allclose(overlapped, [0.5, 0.01, 0.02])
     np.testing.assert_allclose(serial, [0.01, 0.01, 0.02])
+
+
+def test_a_long_shared_memory_copy_overlaps_the_gets_and_a_short_one_precedes_them():
+    """dist_array issues the Gets before a shared-memory copy of more than COPY_FIRST_MAX_BYTES and
+    copies while they fly: the model charges such a step max(copy, comm), a shorter copy (or one
+    with nothing to Get) copy + comm."""
+    m = Machine(**{**HOST, "latency": 0.0, "bandwidth": 1e9 * 8, "sample_step": 0.0, "cores": 0,
+                   "assemble_byte": 1e-9})
+    big = (timing.COPY_FIRST_MAX_BYTES // 4) * 2  # rows of 4 bytes: 8 MiB x 2 of them
+    inputs, rma = np.array([big + 1000.0, big + 1000, 1000, 1000]), np.array([1000.0, 0, 1000, 0])
+    one = np.ones(4)
+    sampled = [dict(edges=0 * one, input_nodes=inputs, flops=0 * one, sample_seconds=0 * one,
+                    adjacency_bytes_remote=0 * one, adjacency_rounds=0 * one)]
+    fetched = [dict(rows_rma=rma, decisions_at=0 * one, fetch_seconds=0 * one, bytes_rma=rma * 4, hits=0 * one,
+                    fetch_rounds=0 * one)]
+    costs = timing.step_costs(m, sampled, fetched, 1, depth=1)
+    copy = (inputs - rma) * 4 * 1e-9
+    comm = costs["comm"][0]
+    np.testing.assert_allclose(costs["prepare"][0], [max(copy[0], comm[0]), copy[1] + comm[1], copy[2] + comm[2],
+                                                     copy[3] + comm[3]])
+    assert costs["prepare"][0][0] < copy[0] + comm[0]  # the long copy with Gets: overlapped
+    hits = dict(fetched[0], hits=np.array([big, 0.0, 0, 0]))  # the same inputs, held by the buffer: a short read
+    np.testing.assert_allclose(timing.step_costs(m, sampled, [hits], 1, depth=1)["prepare"][0][0], copy[0] + comm[0])
 
 
 def test_links_divide_bandwidth_as_their_topology_does():
