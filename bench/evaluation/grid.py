@@ -85,6 +85,8 @@ def check_variants(table, path: str) -> dict:
     fraction, the classifier excepted; flags are its extra drivers/train.py arguments."""
     if not isinstance(table, dict):
         raise GridError(f"--grid {path}: [variants] must be a table of label = {{ policy = ..., flags = [...] }}")
+    # a variant takes a buffer fraction; no classifier: its model is trained mid-grid
+    allowed = [p for p in BASE_POLICIES if p not in FRACTION_FREE and p != "classifier"]
     out = {}
     for label, entry in table.items():
         where = f"--grid {path}: [variants] {label!r}"
@@ -94,8 +96,6 @@ def check_variants(table, path: str) -> dict:
         if not isinstance(entry, dict) or set(entry) - {"policy", "flags"}:
             raise GridError(f"{where}: must be {{ policy = ..., flags = [...] }}")
         policy, flags = entry.get("policy"), entry.get("flags", [])
-        # a variant takes a buffer fraction; no classifier: its model is trained mid-grid
-        allowed = [p for p in BASE_POLICIES if p not in FRACTION_FREE and p != "classifier"]
         if policy not in allowed:
             raise GridError(f"{where}: policy must be one of {', '.join(allowed)}")
         if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
@@ -104,14 +104,15 @@ def check_variants(table, path: str) -> dict:
     return out
 
 
-def base_policy(grid: dict, label: str) -> str:
-    """The policy a run label trains with (a variant's own, else the label itself)."""
-    return grid["variants"].get(label, (label, []))[0]
+def resolve_label(grid: dict, label: str) -> tuple[str, list[str]]:
+    """(the policy run ``label`` trains with, the variant's flags): a variant's own, else the label
+    itself and no flags."""
+    return grid["variants"].get(label, (label, []))
 
 
 def steered(grid: dict, label: str) -> bool:
     """Whether run ``label`` is steered by an agent rank (an agent policy or a variant of one)."""
-    return base_policy(grid, label) in AGENT_POLICIES
+    return resolve_label(grid, label)[0] in AGENT_POLICIES
 
 
 def check_shifts(grid: dict, path: str) -> None:
@@ -245,7 +246,7 @@ def policy_flags(grid: dict, label: str, fraction: float | None, classifier_mode
     """The drivers/train.py flags of run ``label`` (a policy or a variant of ``grid``) at ``fraction``."""
     if label == "none-serial":
         return ["--policy", "none", "--no-overlap"]
-    policy, variant = grid["variants"].get(label, (label, []))
+    policy, variant = resolve_label(grid, label)
     flags = ["--policy", policy, *variant]
     if fraction is not None:
         flags += ["--buffer-fraction", str(fraction)]

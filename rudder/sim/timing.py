@@ -93,16 +93,16 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
         return np.stack([getattr(r, name) if hasattr(r, name) else r[name] for r in rows]).astype(np.float64)
 
     edges, decisions = stack(sampled, "edges"), stack(fetched, "decisions_at")
-    rows_rma = stack(fetched, "rows_rma")
-    cpu_bytes = (stack(sampled, "input_nodes") - rows_rma) * feat_dim * 4  # the rest came by RMA
+    inputs, rows_rma, bytes_rma = stack(sampled, "input_nodes"), stack(fetched, "rows_rma"), stack(fetched, "bytes_rma")
+    cpu_bytes = (inputs - rows_rma) * feat_dim * 4  # the rest came by RMA
     copy = m.assemble_byte * cpu_bytes
     cpu = m.sample_step + m.sample_edge * edges + m.assemble_step + m.stage_step + m.stage_edge * edges
     # A read whose shared-memory rows exceed COPY_FIRST_MAX_BYTES issues its Gets first and copies
     # those rows, and the buffer's hits, while the Gets fly (rudder.comm.dist_array): that copy
     # overlaps the minibatch's communication instead of preceding it. The read's shared-memory
     # rows are its inputs less what came by RMA and what the buffer held, at their stored size.
-    stored = np.divide(stack(fetched, "bytes_rma"), rows_rma, out=np.zeros_like(rows_rma), where=rows_rma > 0)
-    nearby = np.maximum(0.0, stack(sampled, "input_nodes") - rows_rma - stack(fetched, "hits")) * stored
+    stored = np.divide(bytes_rma, rows_rma, out=np.zeros_like(rows_rma), where=rows_rma > 0)
+    nearby = np.maximum(0.0, inputs - rows_rma - stack(fetched, "hits")) * stored
     beside = (rows_rma > 0) & (nearby > COPY_FIRST_MAX_BYTES)
     train = m.step_overhead + stack(sampled, "flops") / m.flops
     overlapped = depth > 0
@@ -115,7 +115,7 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
     fixed = (stack(sampled, "sample_seconds") + stack(fetched, "fetch_seconds")
              + stack(sampled, "adjacency_rounds") * sampling_latency + stack(fetched, "fetch_rounds") * m.latency
              + 2 * m.latency * decisions)
-    nbytes = stack(sampled, "adjacency_bytes_remote") + stack(fetched, "bytes_rma") + AGENT_MESSAGE_BYTES * decisions
+    nbytes = stack(sampled, "adjacency_bytes_remote") + bytes_rma + AGENT_MESSAGE_BYTES * decisions
     comm = fixed + link_seconds(nbytes, m)
     slowdown = contention(m, len(sampled), depth, m.background if background is None else background)
     copying = copy * slowdown
