@@ -2,7 +2,7 @@
 side by side in one run.
 
     python bench/buffer_cost.py [--halo 300000] [--inputs 30000] [--minibatches 100] [--baseline 789f7f5]
-    python bench/buffer_cost.py --e2e PARTS --baseline-repo DIR [--ranks 4] [--epochs 1] [--reps 1]
+    python bench/buffer_cost.py --e2e PARTS [--baseline-repo DIR] [--ranks 4] [--epochs 1] [--reps 1]
 
 Per minibatch (one process, no MPI): a synthetic partition (a halo of --halo nodes whose
 popularity follows a power law like in-degrees, minibatches of about --inputs distinct input
@@ -17,9 +17,10 @@ to none, in CPU seconds of the one thread doing it all (torch limited to it), wh
 a shared machine disturb far less than wall time; before, after and none must assemble identical
 rows, with identical counts.
 
-End to end (--e2e PARTS): ``mpiexec -n RANKS drivers/train.py`` of --baseline-repo and of this
-tree, alternating, for none, fixed and lookahead (batch --batch-size, f = --fraction), printing
-each epoch time against the same tree's ``none``.
+End to end (--e2e PARTS): ``mpiexec -n RANKS drivers/train.py`` of this tree (and of
+--baseline-repo when given, alternating), for none, static, fixed and lookahead (batch
+--batch-size, f = --fraction), --reps times in alternating order, printing each tree's median
+epoch time against the same tree's ``none``.
 """
 from __future__ import annotations
 
@@ -189,29 +190,36 @@ def per_minibatch(a) -> None:
 
 
 def end_to_end(a) -> None:
-    repos = {"before": os.path.abspath(a.baseline_repo), "after": REPO}
+    repos = {"after": REPO}
+    if a.baseline_repo:
+        repos = {"before": os.path.abspath(a.baseline_repo), **repos}
     flags = ["--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--buffer-fraction", str(a.fraction)]
     print(f"{a.e2e}: {a.ranks} ranks on one node, {a.epochs} epoch(s), batch {a.batch_size}, f={a.fraction}; "
-          f"before = {repos['before']}, load {os.getloadavg()[0]:.2f}")
+          f"trees {repos}, load {os.getloadavg()[0]:.2f}")
+    policies = ("none", *POLICIES)
     times: dict = {}
     for rep in range(a.reps):
-        for policy in ("none", *[p for p in POLICIES if p != "static"]):
-            for tree in (list(repos) if rep % 2 else list(repos)[::-1]):
-                run_dir = os.path.join(a.work, f"{tree}-{policy}")
-                train_job(a.e2e, run_dir, a.ranks, 1, ["--policy", policy, *flags], repo=repos[tree])
-                run = load_run(run_dir)
-                tables = [r.epochs for r in run.ranks]
-                rows = remote_rows_per_epoch([r.minibatches for r in run.ranks], timed_epochs(complete_epochs(tables)))
-                times.setdefault((tree, policy), []).append((run_epoch_time(tables), rows))
-                print(f"  rep {rep} {tree:<6} {policy:<10} {times[tree, policy][-1][0]:8.2f} s  "
-                      f"{rows:>12,.0f} remote rows/epoch  (load {os.getloadavg()[0]:.2f})", flush=True)
-    print(f"{'policy':<10} {'before s':>9} {'x none':>7} {'after s':>9} {'x none':>7} {'after/before':>13} {'rows x none':>12}")
-    for policy in ("none", "fixed", "lookahead"):
+        # Alternate the order within each repetition, so that a drift in the machine's load
+        # falls on every policy and tree alike rather than on whichever always runs last.
+        order = [(tree, policy) for policy in policies for tree in repos]
+        for tree, policy in (order if rep % 2 == 0 else order[::-1]):
+            run_dir = os.path.join(a.work, f"{tree}-{policy}")
+            train_job(a.e2e, run_dir, a.ranks, 1, ["--policy", policy, *flags], repo=repos[tree])
+            run = load_run(run_dir)
+            tables = [r.epochs for r in run.ranks]
+            rows = remote_rows_per_epoch([r.minibatches for r in run.ranks], timed_epochs(complete_epochs(tables)))
+            times.setdefault((tree, policy), []).append((run_epoch_time(tables), rows))
+            print(f"  rep {rep} {tree:<6} {policy:<10} {times[tree, policy][-1][0]:8.2f} s  "
+                  f"{rows:>12,.0f} remote rows/epoch  (load {os.getloadavg()[0]:.2f})", flush=True)
+    print(f"medians of {a.reps} repetition(s); x none = against the same tree's none")
+    print(f"{'policy':<10} " + " ".join(f"{tree + ' s':>9} {'x none':>7}" for tree in repos)
+          + (f" {'after/before':>13}" if "before" in repos else "") + f" {'rows x none':>12}")
+    for policy in policies:
         med = {tree: float(np.median([t for t, _ in times[tree, policy]])) for tree in repos}
         base = {tree: float(np.median([t for t, _ in times[tree, "none"]])) for tree in repos}
         rows = times["after", policy][0][1] / times["after", "none"][0][1]
-        print(f"{policy:<10} {med['before']:>9.2f} {med['before'] / base['before']:>7.3f} {med['after']:>9.2f} "
-              f"{med['after'] / base['after']:>7.3f} {med['after'] / med['before']:>13.3f} {rows:>12.3f}")
+        print(f"{policy:<10} " + " ".join(f"{med[tree]:>9.2f} {med[tree] / base[tree]:>7.3f}" for tree in repos)
+              + (f" {med['after'] / med['before']:>13.3f}" if "before" in repos else "") + f" {rows:>12.3f}")
 
 
 def main() -> int:
@@ -226,7 +234,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", default="789f7f5", help="git revision the buffers are compared with")
     ap.add_argument("--e2e", metavar="PARTS", help="partitions to train on end to end instead")
-    ap.add_argument("--baseline-repo", help="with --e2e: a checkout of the revision compared with")
+    ap.add_argument("--baseline-repo", help="with --e2e: a checkout of a revision to compare with (default: this tree alone)")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=1024)
@@ -234,8 +242,6 @@ def main() -> int:
     ap.add_argument("--work", default=os.path.join(REPO, "runs", "bench-buffer-cost"))
     a = ap.parse_args()
     if a.e2e:
-        if not a.baseline_repo:
-            ap.error("--e2e needs --baseline-repo (e.g. git worktree add /tmp/old 789f7f5)")
         end_to_end(a)
     else:
         per_minibatch(a)
