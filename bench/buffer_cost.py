@@ -190,9 +190,8 @@ def per_minibatch(a) -> None:
 
 
 def end_to_end(a) -> None:
-    repos = {"after": REPO}
-    if a.baseline_repo:
-        repos = {"before": os.path.abspath(a.baseline_repo), **repos}
+    compared = bool(a.baseline_repo)
+    repos = {"before": os.path.abspath(a.baseline_repo), "after": REPO} if compared else {"after": REPO}
     flags = ["--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--buffer-fraction", str(a.fraction)]
     print(f"{a.e2e}: {a.ranks} ranks on one node, {a.epochs} epoch(s), batch {a.batch_size}, f={a.fraction}; "
           f"trees {repos}, load {os.getloadavg()[0]:.2f}")
@@ -213,13 +212,13 @@ def end_to_end(a) -> None:
                   f"{rows:>12,.0f} remote rows/epoch  (load {os.getloadavg()[0]:.2f})", flush=True)
     print(f"medians of {a.reps} repetition(s); x none = against the same tree's none")
     print(f"{'policy':<10} " + " ".join(f"{tree + ' s':>9} {'x none':>7}" for tree in repos)
-          + (f" {'after/before':>13}" if "before" in repos else "") + f" {'rows x none':>12}")
+          + (f" {'after/before':>13}" if compared else "") + f" {'rows x none':>12}")
     for policy in policies:
         med = {tree: float(np.median([t for t, _ in times[tree, policy]])) for tree in repos}
         base = {tree: float(np.median([t for t, _ in times[tree, "none"]])) for tree in repos}
         rows = times["after", policy][0][1] / times["after", "none"][0][1]
         print(f"{policy:<10} " + " ".join(f"{med[tree]:>9.2f} {med[tree] / base[tree]:>7.3f}" for tree in repos)
-              + (f" {med['after'] / med['before']:>13.3f}" if "before" in repos else "") + f" {rows:>12.3f}")
+              + (f" {med['after'] / med['before']:>13.3f}" if compared else "") + f" {rows:>12.3f}")
 
 
 def main() -> int:
