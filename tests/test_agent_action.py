@@ -39,19 +39,26 @@ def test_validate_bounds_and_types():
     assert Action(True, 0, 0).validate(LIMITS) == "none"
     assert Action(True, 50, 4).validate(LIMITS) == "none"
     assert Action.paper(True, LIMITS) == Action(True, 50, 4)
-    assert Action.budget(0, 4) == Action(False, 0, 4)
-    for bad in (Action(True, 51, 0), Action(True, -1, 0), Action(False, 0, 5), Action(False, 0, -1)):
+    assert Action.budget(0, 4, 0) == Action(False, 0, 4)
+    for bad in (Action(True, 51, 0), Action(True, -1, 0), Action(False, 0, 5), Action(False, 0, -1),
+                Action(False, 0, 0, 1)):  # a claim on a buffer without a split
         assert bad.validate(LIMITS) == "out_of_range", bad
+    split = ActionLimits(50, 4, 100)
+    assert Action(True, 5, 4, 100).validate(split) == Action(True, 5, 4, 0).validate(split) == "none"
+    assert Action(True, 5, 4, 101).validate(split) == "out_of_range"
+    assert Action(True, 5, 4, 2.5).validate(split) == "invalid_action"
+    assert Action.paper(True, split) == Action(True, 50, 4, 100)  # an equal claim
     for bad in (Action(True, math.nan, 0), Action(True, 2.5, 0), Action(True, 1, math.inf), Action(1, 1, 1),
                 Action(True, "3", 0), Action(True, True, 0)):
         assert bad.validate(LIMITS) == "invalid_action", bad
-    assert Action.from_payload(Action(True, 7, 3).payload()) == Action(True, 7, 3)
-    assert Action.from_payload([1.0, 2.5, 0.0]).validate(LIMITS) == "invalid_action"
-    assert Action.from_payload([0.5, 2.0, 0.0]).validate(LIMITS) == "invalid_action"
+    assert Action.from_payload(Action(True, 7, 3, 60).payload()) == Action(True, 7, 3, 60)
+    assert Action.from_payload([1.0, 2.5, 0.0, 0.0]).validate(LIMITS) == "invalid_action"
+    assert Action.from_payload([0.5, 2.0, 0.0, 0.0]).validate(LIMITS) == "invalid_action"
 
 
-def answer(evict, refill, window):
-    return np.array([3.0, evict, refill, window, 0, 0, 0.01, 0.0])
+def answer(evict, refill, window, share=0):
+    sent = {"request": 3.0, "decision": evict, "refill": refill, "window": window, "latency": 0.01, "share": share}
+    return np.array([float(sent.get(k, 0.0)) for k in DECISION_FIELDS])
 
 
 def test_the_trainer_accepts_only_fresh_valid_answers():
@@ -61,11 +68,14 @@ def test_the_trainer_accepts_only_fresh_valid_answers():
     assert accept(answer(1, 20, 2), 500, LIMITS, 0) == (Action(True, 20, 2), "none")  # 0: no bound
     assert accept(answer(1, 99, 2), 1, LIMITS, 10) == (keep, "out_of_range")
     assert accept(answer(1, math.nan, 2), 1, LIMITS, 10) == (keep, "invalid_action")
+    split = ActionLimits(50, 4, 100)
+    assert accept(answer(1, 20, 2, 70), 1, split, 10) == (Action(True, 20, 2, 70), "none")
+    assert accept(answer(1, 20, 2, 70), 1, LIMITS, 10) == (keep, "out_of_range")  # no split to claim from
 
 
 def facts(refill=50, window=0):
     return {**dict.fromkeys(HELLO_FIELDS[1:], 1), "world_rank": 0, "capacity": 50, "total_minibatches": 100,
-            "max_refill": refill, "max_window": window}
+            "max_refill": refill, "max_window": window, "max_share": 0}
 
 
 def request(i, **over):
@@ -116,7 +126,7 @@ def test_every_structured_decider_predicts_the_wait_and_the_service_logs_it():
     from rudder.agent.deciders.base import refill_wait_impact
     from rudder.agent.protocol import IMPACTS, NO_IMPACT
 
-    assert DECISION_FIELDS[-1] == "wait_impact"  # appended: the transport reads the payload by position
+    assert DECISION_FIELDS[-2:] == ("wait_impact", "share")  # appended: the transport reads the payload by position
     for action in ("structured", "paper"):
         cfg = TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "heuristic", "agent_action": action})
         for decider in (Heuristic(cfg), Tuner(cfg)):
@@ -258,28 +268,35 @@ def structured_llm(model, buffer="scored", **over):
                                       "agent_action": "structured", "agent_buffer": buffer, **over}).check())
 
 
-def assert_structured_answers_parse(llm, n: int, window: int, seed: int = 0) -> None:
+def assert_structured_answers_parse(llm, n: int, window: int, seed: int = 0, share: int = 0) -> None:
     """``n`` decisions on random contexts: every one the model's own (no fallback), its action valid,
     its three predictions given."""
     rng = np.random.default_rng(seed)
     for _ in range(n):
-        ctx = random_context(rng, window)
+        ctx = random_context(rng, window, share)
         d = llm.decide(ctx)
         assert d.fallback == "none" and not d.fallback_reason, (d.raw, d.fallback_reason)
         assert d.action is not None and d.action.validate(ActionLimits.of(ctx.facts)) == "none", d.raw
         assert None not in (d.hitrate_impact, d.comm_impact, d.wait_impact), d.raw
         assert ('"window"' in d.raw) == bool(window) and "free " in d.prompt and "cache 50 rows" in d.prompt
+        assert ('"share"' in d.raw) == bool(share), d.raw
 
 
-@pytest.mark.parametrize("buffer", ["scored", "window"])
+@pytest.mark.parametrize("buffer", ["scored", "window", "split"])
 def test_structured_llm_answers_always_parse(tiny_model, buffer):
     from rudder.agent.deciders.llm import parse_action
 
-    llm = structured_llm(tiny_model, buffer, llm_temperature=1.0)  # random weights, hot: any path the grammar allows
+    split = {"partition_mode": "node", "buffer_sharing": "node", "buffer_split": "quota"} if buffer == "split" else {}
+    # random weights, hot: any path the grammar allows
+    llm = structured_llm(tiny_model, "scored" if split else buffer, llm_temperature=1.0, **split)
     try:
-        assert_structured_answers_parse(llm, 20, 4 if buffer == "window" else 0)  # 40 over both buffers
+        assert_structured_answers_parse(llm, 20, 4 if buffer == "window" else 0, share=100 if split else 0)
     finally:
         llm.close()
+    claimed = parse_action('{"refill":50,"share":40,"hr":"up","comm":"down","wait":"up"}', ActionLimits(50, 0, 100))
+    assert claimed.action == Action(True, 25, 0, 40)
+    with pytest.raises(ValueError):  # no split, no claim
+        parse_action('{"refill":50,"share":40,"hr":"up","comm":"down","wait":"up"}', ActionLimits(50, 0))
     limits = ActionLimits(50, 0)
     d = parse_action('{"refill":50,"hr":"up","comm":"down","wait":"up"}', limits)
     assert (d.action, d.hitrate_impact, d.comm_impact, d.wait_impact) == (Action(True, 25, 0), "increase", "decrease",

@@ -197,26 +197,31 @@ class SharedArrays:
         return self.arrays[self.next - 1]
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 59), unique=True, max_size=20), st.booleans()),
-                min_size=1, max_size=60), st.sampled_from(["degree", "empty"]), st.booleans())
-def test_two_trainers_sharing_a_buffer_read_only_arrived_rows(ops, init, compat):
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 59), unique=True, max_size=20), st.booleans(),
+                          st.one_of(st.none(), st.integers(0, 100))), min_size=1, max_size=60),
+       st.sampled_from(["degree", "empty"]), st.booleans(), st.sampled_from(["pool", "quota"]))
+def test_two_trainers_sharing_a_buffer_read_only_arrived_rows(ops, init, compat, split):
     """Three trainers share one buffer and take turns (each op: a trainer's minibatch, asking
-    for a replacement or not); a trainer's pending rows arrive only when it next takes a turn, so
-    the others replace and look up around slots still awaiting rows. Every hit reads its node's
-    own row, and the buffer holds what its IDs say."""
+    for a replacement or not, and with ``quota`` perhaps a new claim); a trainer's pending rows
+    arrive only when it next takes a turn, so the others replace and look up around slots still
+    awaiting rows. Every hit reads its node's own row, and the buffer holds what its IDs say.
+    Split in quotas, a trainer replaces only slots it holds or takes from a trainer above its
+    quota while it is below its own, never past its quota nor a donor below theirs."""
     halo, num_nodes = np.arange(10, 50), 60
-    s = BufferSettings(0.5, init, 0.3, 2, compat, "halo")
+    s = BufferSettings(0.5, init, 0.3, 2, compat, "halo", split)
     shared = SharedArrays()
     trainers = []
     for t in range(3):
         shared.next = 0
         trainers.append(ScoredBuffer(s, halo, np.arange(40) % 7, (0, 10), num_nodes, 1, np.random.default_rng(0),
-                                     alloc=shared.alloc, initialise=t == 0))
+                                     alloc=shared.alloc, initialise=t == 0, trainer=t, trainers=3))
     buf = trainers[0]
     buf.features[:, 0] = buf.ids
+    if split == "quota":
+        assert buf.quotas().tolist() == np.bincount(buf.owner, minlength=3).tolist() == [7, 7, 6]
     waiting = [None] * 3
-    for who, nodes, asked in ops:
+    for who, nodes, asked, claim in ops:
         b = trainers[who]
         if waiting[who] is not None:
             rep = waiting[who]
@@ -224,11 +229,40 @@ def test_two_trainers_sharing_a_buffer_read_only_arrived_rows(ops, init, compat)
             waiting[who] = None
         look = b.lookup(np.array(nodes, dtype=np.int64))
         assert (b.features[look.slots, 0] == np.array(nodes, dtype=np.int64)[look.hit]).all()
-        waiting[who] = b.replace(look, asked, pending=True)
+        owner = None if buf.owner is None else buf.owner.copy()
+        waiting[who] = b.replace(look, asked, pending=True, claim=claim)
         real = np.flatnonzero(buf.ids < num_nodes)
         assert (buf.features[real, 0] == buf.ids[real]).all() and buf.occupancy == real.size
         mapped = buf.slot_of[buf.slot_of >= 0]
         assert (buf.ids[mapped] == halo[buf.slot_of >= 0]).all()  # a mapped slot holds its node, arrived
+        if owner is not None and waiting[who] is not None:
+            quota, before, after = buf.quotas(), np.bincount(owner, minlength=3), np.bincount(buf.owner, minlength=3)
+            taken = waiting[who].slots
+            assert (buf.owner[taken] == who).all() and buf.quotas().sum() == buf.capacity
+            assert after[who] <= max(before[who], quota[who])
+            assert all(after[u] >= min(before[u], quota[u]) for u in range(3) if u != who)
+            assert (buf.owner == owner)[np.setdiff1d(np.arange(buf.capacity), taken)].all()
+
+
+def test_a_split_buffers_quotas_follow_the_claims():
+    """Largest remainders, ties to the lower trainer, equal where nobody claims."""
+    shared = SharedArrays()
+    buf = ScoredBuffer(BufferSettings(0.5, "degree", 0.3, 2, split="quota"), np.arange(10, 30), np.arange(20), (0, 10), 40, 1,
+                       np.random.default_rng(0), alloc=shared.alloc, trainer=0, trainers=3)
+    assert buf.capacity == 10
+    for claims, quotas in (([100, 100, 100], [4, 3, 3]), ([0, 0, 0], [4, 3, 3]), ([100, 0, 0], [10, 0, 0]),
+                           ([50, 25, 25], [5, 3, 2]), ([1, 2, 1], [3, 5, 2])):
+        buf.claims[:] = claims
+        assert buf.quotas().tolist() == quotas, claims
+    # trainer 0 claims everything: its replacement takes every cold slot, the others' too
+    held = np.bincount(buf.owner, minlength=3)
+    assert held.tolist() == [4, 3, 3]
+    cold = np.setdiff1d(np.arange(10, 30), buf.ids)
+    for _ in range(3):  # scores decay below the threshold; the cold nodes' misses are counted
+        look = buf.lookup(cold)
+        buf.replace(look, False, claim=100)
+    rep = buf.replace(buf.lookup(cold), True, claim=100)
+    assert rep.slots.size == 10 and (buf.owner == 0).all() and set(rep.inserted.tolist()) == set(cold.tolist())
 
 
 @settings(max_examples=200, deadline=None)

@@ -51,6 +51,8 @@ def test_paper_defaults_and_batch_rule():
     (["--data", "d", "--run-dir", "r", "--buffer-sharing", "node"], "--partition-mode node"),
     (["--data", "d", "--run-dir", "r", "--buffer-sharing", "node", "--partition-mode", "node", "--policy", "lookahead"],
      "--buffer-sharing"),
+    (["--data", "d", "--run-dir", "r", "--buffer-split", "quota"], "expected pool, unless --buffer-sharing node"),
+    (["--data", "d", "--run-dir", "r", "--buffer-split", "half"], "--buffer-split"),
     (["--data", "d", "--run-dir", "r", "--policy", "none", "--buffer-init", "vip"], "there is no buffer"),
     (["--data", "d", "--run-dir", "r", "--policy", "lookahead", "--buffer-init", "vip"], "fills on demand"),
     (["--data", "d", "--run-dir", "r", "--buffer-init", "lru"], "--buffer-init"),

@@ -129,30 +129,47 @@ def test_vip_fill_on_one_rank(tmp_path):
 
 def test_node_shared_buffer(tmp_path):
     """--buffer-sharing node: the two trainers of each (emulated) node share one buffer in shared
-    memory, filled once by one of them; training stays bit-identical to no buffer."""
+    memory, filled once by one of them; training stays bit-identical to no buffer. Split in
+    quotas and steered (the heuristic's claims), slots move between a node's trainers, and
+    training stays bit-identical all the same."""
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
 
     parts = str(tmp_path / "parts")
     partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 2, parts, method="metis", seed=0)
-    tables, fills = {}, {}
+    tables, fills, logs = {}, {}, {}
+    steered = ["--policy", "heuristic", "--agent-action", "structured", "--agent-window", "2"]
     for name, flags in (("none", []), ("shared", ["--policy", "fixed", "--delta", "1", "--buffer-sharing", "node"]),
                         ("compat", ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node", "--compat",
                                     "massivegnn", "--buffer-init", "random"]),
-                        ("vip", ["--policy", "fixed", "--delta", "3", "--buffer-sharing", "node", "--buffer-init", "vip"])):
+                        ("vip", ["--policy", "fixed", "--delta", "3", "--buffer-sharing", "node", "--buffer-init", "vip"]),
+                        ("quota", [*steered, "--delta", "2", "--buffer-sharing", "node", "--buffer-split", "quota"])):
         run = str(tmp_path / name)
-        proc = run_train(4, "--data", parts, "--run-dir", run, "--partition-mode", "node", "--epochs", "5",
+        ranks = 6 if name == "quota" else 4  # an agent rank per node: world ranks 4 and 5
+        proc = run_train(ranks, "--data", parts, "--run-dir", run, "--partition-mode", "node", "--epochs", "5",
                          "--eval-every", "0", "--progress", "none", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
         assert proc.returncode == 0, proc.stderr[-3000:]
-        tables[name] = minibatch_tables(run)
-        fills[name] = [log["run"]["buffer_fill_rows"] for log in read_logs(run)]
-    for name in ("shared", "compat", "vip"):
-        for ours, theirs in zip(tables[name], tables["none"]):
+        logs[name] = [log for log in read_logs(run) if log["role"] == "trainer"]
+        assert all(log["status"] == "completed" for log in logs[name])
+        tables[name] = [log["minibatches"] for log in logs[name]]
+        fills[name] = [log["run"]["buffer_fill_rows"] for log in logs[name]]
+    for name in ("shared", "compat", "vip", "quota"):
+        for ours, theirs in zip(tables[name], tables["none"], strict=True):
             np.testing.assert_array_equal(ours["loss"], theirs["loss"])
         assert all(t["hits"].sum() > 0 for t in tables[name])
         assert sum(t["refills"].sum() for t in tables[name]) > 0
         # ranks 0, 2 form node 0 and 1, 3 node 1 (round robin): one trainer per node filled it
         assert fills[name][0] > 0 and fills[name][1] > 0 and fills[name][2] == 0 and fills[name][3] == 0
+        assert (name == "quota") == all((t["slots_held"] >= 0).all() for t in tables[name])
+    agent = [log for log in read_logs(tmp_path / "quota") if log["role"] == "agent"]
+    assert all((a["decisions"]["fallback_code"] == 0).all() for a in agent)
+    assert len({int(v) for a in agent for v in a["decisions"]["share"]}) > 1  # the trainers claimed unequally
+    for node in ((0, 2), (1, 3)):
+        held = [tables["quota"][t]["slots_held"] for t in node]
+        capacity = logs["quota"][node[0]]["run"]["buffer_capacity"]
+        assert all(((h >= 0) & (h <= capacity)).all() for h in held)
+    # slots changed hands: some trainer's holding moved away from its first value
+    assert any(len(set(t["slots_held"].tolist())) > 1 for t in tables["quota"])
 
 
 SHIFT = "2:fanouts=3,3;seeds=0.5"

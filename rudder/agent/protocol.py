@@ -65,13 +65,15 @@ REQUEST_FIELDS = ("kind", "request", "counter", "epoch", "step", "remaining", *W
                   "prev_fallback")
 REPORT_FIELDS = REQUEST_FIELDS[-6:]
 HELLO_FIELDS = ("kind", "world_rank", "num_nodes", "num_edges", "partition", "num_parts", "batch_size",
-                "total_minibatches", "halo", "capacity", "max_refill", "max_window")
+                "total_minibatches", "halo", "capacity", "max_refill", "max_window", "max_share")
 # DECISION payload: request id, the action (decision KEEP/EVICT, refill budget, window), predicted
 # hit-rate and comm impact (IMPACTS index), latency seconds, fallback code (FALLBACKS; 0: the decider's
-# own), then the predicted impact on the trainer's input wait (IMPACTS index; -1: none predicted, the
-# paper's action). New fields go at the end: the transport reads the payload by position.
+# own), the predicted impact on the trainer's input wait (IMPACTS index; -1: none predicted, the
+# paper's action), then the action's claim on a split node buffer. New fields go at the end: the
+# transport reads the payload by position.
 DECISION_FIELDS = ("request", "decision", "refill", "window", "hitrate_impact", "comm_impact", "latency", "fallback",
-                   "wait_impact")
+                   "wait_impact", "share")
+ACTION_AT = [DECISION_FIELDS.index(f) for f in ("decision", "refill", "window", "share")]  # Action's fields, in order
 NO_IMPACT = -1  # a direction not predicted (the wait_impact of a paper-mode decision)
 HELLO_START = len(HELLO_FIELDS)  # the HELLO message's last value: the minibatch the trainer starts from (resumed: > 0)
 MESSAGE_SIZE = max(len(REQUEST_FIELDS), HELLO_START + 1)
@@ -111,7 +113,7 @@ def trainer_facts(meta, world_rank: int, partition: int, batch_size: int, total_
     limits = limits or ActionLimits(capacity, 0)
     return {"world_rank": world_rank, "num_nodes": meta.num_nodes, "num_edges": meta.num_edges, "partition": partition,
             "num_parts": meta.num_parts, "batch_size": batch_size, "total_minibatches": total_minibatches, "halo": halo,
-            "capacity": capacity, "max_refill": limits.refill, "max_window": limits.window}
+            "capacity": capacity, "max_refill": limits.refill, "max_window": limits.window, "max_share": limits.share}
 
 
 def window_counters(start: int, total: int, window: int) -> range:
@@ -122,7 +124,7 @@ def window_counters(start: int, total: int, window: int) -> range:
 def accept(answer: np.ndarray, age: int, limits: ActionLimits, stale_after: int) -> tuple[Action, str]:
     """The action of an answer (``DECISION_FIELDS``) that arrived ``age`` minibatches after its
     request, and "none" if it is to be applied, else why not (then the action is "keep")."""
-    action = Action.from_payload(answer[1:4])
+    action = Action.from_payload(answer[ACTION_AT])
     code = "stale" if stale_after and age > stale_after else action.validate(limits)
     return (action, code) if code == "none" else (Action.paper(False, limits), code)
 

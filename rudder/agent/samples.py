@@ -12,9 +12,10 @@ from rudder.agent.protocol import conditions
 STATUSES = ("triggered", "skipped", "decision_no_evict")
 
 
-def random_context(rng: np.random.Generator, max_window: int = 0) -> TrainerContext:
+def random_context(rng: np.random.Generator, max_window: int = 0, max_share: int = 0) -> TrainerContext:
     facts = {"world_rank": 0, "num_nodes": 2708, "num_edges": 10556, "partition": 1, "num_parts": 4, "batch_size": 16,
-             "total_minibatches": 300, "halo": 200, "capacity": 50, "max_refill": 50, "max_window": max_window}
+             "total_minibatches": 300, "halo": 200, "capacity": 50, "max_refill": 50, "max_window": max_window,
+             "max_share": max_share}
     history = [{"status": str(rng.choice(STATUSES)), "evicted": int(rng.integers(0, 20)),
                 "hitrate_delta": float(rng.normal()), "comm_delta": float(rng.normal()),
                 "wait_delta": float(rng.normal(0, 0.002))} for _ in range(rng.integers(0, 6))]

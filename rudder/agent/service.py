@@ -9,7 +9,7 @@ import numpy as np
 
 from rudder.agent.action import ActionLimits
 from rudder.agent.deciders import Decider, TrainerContext
-from rudder.agent.protocol import EVICT, KEEP, WINDOW_METRICS, Decision, check_observation, conditions
+from rudder.agent.protocol import DECISION_FIELDS, EVICT, KEEP, WINDOW_METRICS, Decision, check_observation, conditions
 from rudder.logs.schema import FALLBACKS
 
 
@@ -87,8 +87,9 @@ class DecisionService:
             **action.row(), **impacts, "latency": latency, "fallback": int(code != 0), "fallback_code": code})
         for name, text in (("prompt", d.prompt), ("answer", d.raw or d.explanation), ("fallback_reason", d.fallback_reason)):
             self.log.append_ragged(name, np.frombuffer(text.encode(), dtype=np.uint8))
-        return np.array([req["request"], *action.payload(), impacts["hitrate_impact"], impacts["comm_impact"], latency,
-                         float(code), impacts["wait_impact"]])
+        sent = {"request": req["request"], **dict(zip(("decision", "refill", "window", "share"), action.payload())),
+                **impacts, "latency": latency, "fallback": float(code)}
+        return np.array([float(sent[k]) for k in DECISION_FIELDS])
 
     def reflect(self, ctx: TrainerContext, req: dict) -> None:
         """Turn the pending decision into a history record with before/after deltas (spec 2.4)."""

@@ -52,6 +52,7 @@ MINIBATCH_ROW = table(
     ("occupancy", "i8", "slots holding a real row after this minibatch"),
     ("refill_budget", "i8", "most rows the replacement asked for here could take (-1: no bound, the paper's)"),
     ("lookahead_window", "i4", "minibatches ahead the buffer ranked by (a lookahead buffer's window; else 0)"),
+    ("slots_held", "i8", "slots of the node's split buffer this trainer holds after the minibatch (-1: no split)"),
     ("decision_request", "i4", "the agent decision that arrived on this minibatch: its request number (-1: none)"),
     ("decision_age", "i4", "minibatches between that decision's request and this minibatch (-1: none)"),
     ("action_fallback", "i1", "0 if that decision was applied, else why not (FALLBACKS: stale, out_of_range, ...)"),
@@ -108,6 +109,8 @@ ACTION_COLUMNS = (
     ("evict", "i1", "1: replace now (the paper's action)"),
     ("refill", "i8", "most rows the replacement may take (0..capacity; capacity: the paper's, unbounded)"),
     ("window", "i4", "lookahead window for the next interval (0..--lookahead; 0 where the buffer does not look ahead)"),
+    ("share", "i4", "the trainer's claim on its node's shared buffer, 0..100 against the other trainers' claims "
+                    "(--buffer-split quota; 0 where the buffer has no split)"),
 )
 ACTION_FIELDS = tuple(c for c, _, _ in ACTION_COLUMNS)
 DECISION_ROW = table(
@@ -191,7 +194,7 @@ def upgrade(table: np.ndarray, dtype: np.dtype) -> np.ndarray:
         if name in table.dtype.names:
             out[name] = table[name]
     # older logs: no bound, no decision recorded, no wait predicted (its wait not recorded: zero)
-    for name in ("refill_budget", "decision_request", "decision_age", "wait_impact"):
+    for name in ("refill_budget", "decision_request", "decision_age", "wait_impact", "slots_held"):
         if name in dtype.names and name not in table.dtype.names:
             out[name] = -1
     if "fallback_code" in dtype.names and "fallback_code" not in table.dtype.names and "fallback" in table.dtype.names:

@@ -53,6 +53,7 @@ class AssemblyStats:
     refill_budget: int = -1  # most slots the replacement could take (-1: no bound, or none asked for)
     lookahead_window: int = 0  # minibatches ahead the buffer ranked by
     decision: tuple[int, int, int] = (-1, -1, 0)  # an agent decision that arrived here: request, age, fallback code
+    slots_held: int = -1  # slots of a split node buffer this trainer holds (-1: no split)
 
     @property
     def comm_volume(self) -> int:
@@ -133,7 +134,7 @@ class CachedFeatures:
             asked = bool(self.policy.wants_replacement(view))
             budget = self.policy.refill_budget() if asked else None
             t1 = time.perf_counter()
-            rep = buf.replace(look, asked, pending=shared, budget=budget)
+            rep = buf.replace(look, asked, pending=shared, budget=budget, claim=self.policy.capacity_claim())
             refill_ids = rep.inserted if rep is not None else np.zeros(0, dtype=np.int64)
             # a row per input node, and past them room for the refills that are not inputs
             rows = np.empty((nodes.size + refill_ids.size, self.store.dim), dtype=np.float32)
@@ -173,7 +174,8 @@ class CachedFeatures:
         return x, AssemblyStats(fetch, hits, look.misses, refills, entered, look.candidates, look.refetched, asked,
                                 ASKERS[self.policy.asker] if asked else 0, buf.occupancy, self.hit_total,
                                 self.miss_total, t1 - t0, t2 - t1 + time.perf_counter() - t3, t3 - t2,
-                                -1 if budget is None else int(budget), window, self.policy.arrived_decision())
+                                -1 if budget is None else int(budget), window, self.policy.arrived_decision(),
+                                buf.slots_held)
 
     def _request(self, nodes: np.ndarray, miss_at: np.ndarray, refill_ids: np.ndarray):
         """(IDs to read, the output row each goes to, the output row of each refill) for the

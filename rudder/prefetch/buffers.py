@@ -22,6 +22,7 @@ import numpy as np
 
 INIT_MODES = ("degree", "vip", "random", "empty")
 SCOPES = ("halo", "remote")
+SPLITS = ("pool", "quota")  # how a node-shared buffer's slots are shared between its trainers
 
 
 @dataclass
@@ -32,12 +33,13 @@ class BufferSettings:
     delta: int = 25  # eviction threshold round((1 - alpha)^delta, 3)
     compat: bool = False  # reproduce the reference code, quirks included
     scope: str = "halo"  # halo | remote
+    split: str = "pool"  # pool | quota (a node-shared buffer)
 
     @classmethod
     def of(cls, buffer_section) -> BufferSettings:
         """From a run config's ``buffer`` section."""
         b = buffer_section
-        return cls(b.fraction, b.init, b.alpha, b.delta, b.compat == "massivegnn", b.scope)
+        return cls(b.fraction, b.init, b.alpha, b.delta, b.compat == "massivegnn", b.scope, b.split)
 
 
 @dataclass
@@ -96,10 +98,12 @@ class PrefetchBuffer:
     def lookup(self, nodes: np.ndarray) -> Lookup:
         raise NotImplementedError
 
-    def replace(self, lookup: Lookup, asked: bool, pending: bool = False, budget: int | None = None) -> Replacement | None:
+    def replace(self, lookup: Lookup, asked: bool, pending: bool = False, budget: int | None = None,
+                claim: int | None = None) -> Replacement | None:
         """After the policy's verdict on this minibatch (``asked``); ``pending``: refilled slots stay
         unmatchable until ``settle`` (a buffer other trainers read meanwhile); ``budget``: the most
-        slots the replacement may take (None: no bound)."""
+        slots the replacement may take (None: no bound); ``claim``: this trainer's new claim on a
+        split node buffer (None: unchanged)."""
         return None
 
     def settle(self, lookup: Lookup, replacement: Replacement | None, refill_rows: np.ndarray | None, x: np.ndarray,
@@ -115,6 +119,11 @@ class PrefetchBuffer:
     @property
     def occupancy(self) -> int:
         return 0
+
+    @property
+    def slots_held(self) -> int:
+        """Slots this trainer holds of a node buffer split in quotas; -1 where there is no split."""
+        return -1
 
     def state_dict(self) -> dict:
         return {}

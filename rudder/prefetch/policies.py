@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rudder.agent.action import ActionLimits
+from rudder.agent.action import SHARE_SCALE, ActionLimits
 from rudder.agent.deciders import DECIDERS
 from rudder.agent.protocol import DecisionLink, accept
 from rudder.logs.reader import LogError, trainer_table
@@ -88,11 +88,17 @@ class Policy:
         """Minibatches ahead a lookahead buffer ranks by on this minibatch (at most ``lookahead``)."""
         return self.lookahead
 
+    def capacity_claim(self) -> int | None:
+        """This trainer's claim on a split node buffer from this minibatch on (None: unchanged)."""
+        return None
+
     def action_limits(self, buffer: PrefetchBuffer | None) -> ActionLimits:
         """The bounds of an agent's action on ``buffer``: it refills up to its capacity if it is a
-        scored buffer, looks ahead up to ``lookahead`` if it is a window buffer."""
-        return ActionLimits(buffer.capacity if isinstance(buffer, ScoredBuffer) else 0,
-                            self.lookahead if isinstance(buffer, WindowBuffer) else 0)
+        scored buffer, looks ahead up to ``lookahead`` if it is a window buffer, claims up to
+        ``SHARE_SCALE`` of a split node buffer."""
+        scored = isinstance(buffer, ScoredBuffer)
+        return ActionLimits(buffer.capacity if scored else 0, self.lookahead if isinstance(buffer, WindowBuffer) else 0,
+                            SHARE_SCALE if scored and buffer.claims is not None else 0)
 
     def arrived_decision(self) -> tuple[int, int, int]:
         """(request, minibatches since it, fallback code) of an agent decision that arrived on this
@@ -234,7 +240,7 @@ class AgentPolicy(Policy):
         self.link = ctx.open_agent_link(self.cfg.agent.window, self.cfg.agent.latency)
         self.phases, self.total = ctx.phases, ctx.facts["total_minibatches"]
         self.limits = ActionLimits.of(ctx.facts)
-        self.window, self.budget = self.limits.window, None  # the latest applied action's
+        self.window, self.budget, self.claim = self.limits.window, None, None  # the latest applied action's
         self.applying = None  # (request id, evict?, age, fallback code) of the answer found on this minibatch
 
     def wants_replacement(self, view: MinibatchView) -> bool:
@@ -247,6 +253,7 @@ class AgentPolicy(Policy):
         action, code = accept(answer, age, self.limits, self.cfg.agent.stale_after)
         self.applying = (int(answer[0]), action.evict, age, code)
         self.window, self.budget = action.window, action.refill
+        self.claim = action.share if code == "none" and self.limits.share else None
         return action.evict
 
     def refill_budget(self) -> int | None:
@@ -254,6 +261,9 @@ class AgentPolicy(Policy):
 
     def lookahead_now(self) -> int:
         return self.window
+
+    def capacity_claim(self) -> int | None:
+        return self.claim
 
     def arrived_decision(self) -> tuple[int, int, int]:
         a = self.applying

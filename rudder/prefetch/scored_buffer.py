@@ -26,6 +26,17 @@ a stored age) would not be the same scores: k float32 multiplications round k ti
 divide-by-d does not always undo a multiply, while the
 reference and the simulator's equality with real runs need them bit for bit.
 
+A buffer the trainers of a node share (``--buffer-sharing node``) is one pool by default: any
+trainer replaces any slot, ranking refills by the node's miss counts. Split in quotas
+(``--buffer-split quota``), every slot has an owner and every trainer its own miss counts: a
+trainer replaces only slots it holds, with its own most-missed rows, while hits are served from
+every slot. Each trainer claims a weight (``claim``: equal at first, then its agent's action
+``share``); its quota is its part of the capacity by the claims (largest remainders, ties by
+trainer). A trainer below its quota takes, when it replaces, the eviction candidates of those
+above theirs, lowest-scored first, never more than their surplus; one above its quota keeps its
+slots until another takes them. So a re-split moves slots only through ordinary replacements,
+and every row a trainer reads is a row the store holds (the exactness tests cover it).
+
 ``compat=True`` reproduces the reference code exactly, including its quirk (spec 1.6 item 10):
 on a minibatch that triggered a replacement and found eviction candidates, the S_N update is
 skipped. By default the miss counts are always updated, before the replacement is chosen, so the
@@ -35,6 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rudder.agent.action import SHARE_SCALE
 from rudder.prefetch.buffers import (
     AdmissibleIndex,
     BufferSettings,
@@ -76,7 +88,7 @@ class ScoredBuffer(PrefetchBuffer):
 
     def __init__(self, settings: BufferSettings, halo: np.ndarray, halo_in_degree: np.ndarray, owned: tuple[int, int],
                  num_nodes: int, dim: int, rng: np.random.Generator, alloc=_private, initialise: bool = True,
-                 ranking: tuple[np.ndarray, np.ndarray] | None = None):
+                 ranking: tuple[np.ndarray, np.ndarray] | None = None, trainer: int = 0, trainers: int = 1):
         self.settings = s = settings
         order = np.argsort(halo, kind="stable")
         self.halo, halo_in_degree = np.asarray(halo, np.int64)[order], np.asarray(halo_in_degree)[order]
@@ -89,8 +101,14 @@ class ScoredBuffer(PrefetchBuffer):
         self.ids = alloc((B,), np.int64)
         self.score = alloc((B,), np.float32)
         self.features = alloc((B, dim), np.float32)
-        # per admissible node (halo: by position in the sorted halo; remote: by ID): S_N, and the slot holding it
-        self.miss_count = alloc((self.index.size,), np.float32)
+        # per admissible node (halo: by position in the sorted halo; remote: by ID): S_N, and the slot
+        # holding it; S_N per trainer where a node's buffer is split (each refills by its own misses)
+        split = s.split == "quota" and trainers > 1
+        self.miss_counts = alloc((trainers if split else 1, self.index.size), np.float32)
+        self.miss_count = self.miss_counts[trainer if split else 0]  # this trainer's S_N (a view)
+        self.trainer = trainer
+        self.owner = alloc((B,), np.int32) if split else None  # the trainer holding each slot
+        self.claims = alloc((trainers,), np.int64) if split else None
         self.slot_of = alloc((self.index.size,), np.int32)  # -1: in no slot (or in a pending one)
         self.pending = alloc((B,), np.int64)  # node ID awaited by a pending slot
         self.counters = alloc((2,), np.int64)  # [pending tokens issued, slots holding a real row]
@@ -110,11 +128,14 @@ class ScoredBuffer(PrefetchBuffer):
         else:  # empty: sentinel IDs that can never match a node
             self.ids[:] = np.arange(num_nodes, num_nodes + B, dtype=np.int64)
         self.score[:] = 1.0
-        self.miss_count[:] = 0
+        self.miss_counts[:] = 0
         self.counters[:] = [0, np.count_nonzero(self.ids < num_nodes)]
         self._map_slots()
         idx, ok = self.index.find(self.ids)
-        self.miss_count[idx[ok]] = -1
+        self.miss_counts[:, idx[ok]] = -1
+        if self.owner is not None:  # equal claims, and the slots dealt out to match their quotas
+            self.claims[:] = SHARE_SCALE
+            self.owner[:] = np.arange(B) % trainers
 
     def most_included(self, ranking: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
         """The initial slots under ``--buffer-init vip``: the top-B admissible nodes by inclusion
@@ -132,7 +153,8 @@ class ScoredBuffer(PrefetchBuffer):
 
     @classmethod
     def build(cls, settings, partition, num_nodes, dim, rng, shared=None, ranking=None) -> ScoredBuffer:
-        extra = {"alloc": shared.alloc, "initialise": shared.comm.rank == 0} if shared is not None else {}
+        extra = ({"alloc": shared.alloc, "initialise": shared.comm.rank == 0, "trainer": shared.comm.rank,
+                  "trainers": shared.comm.size} if shared is not None else {})
         return cls(settings, partition.halo_nodes, partition.halo_in_degree, (partition.node_start, partition.node_end),
                    num_nodes, dim, rng, ranking=ranking, **extra)
 
@@ -168,11 +190,50 @@ class ScoredBuffer(PrefetchBuffer):
         self.miss_count[lookup.miss_index] += 1  # unique: the nodes are
         return lookup.misses
 
-    def replace(self, lookup: Lookup, asked: bool, pending: bool = False, budget: int | None = None) -> Replacement | None:
-        """The miss counts (corrected or reference order), then the replacement if asked for."""
+    def replace(self, lookup: Lookup, asked: bool, pending: bool = False, budget: int | None = None,
+                claim: int | None = None) -> Replacement | None:
+        """The claim and the miss counts (corrected or reference order), then the replacement if asked for."""
+        if claim is not None and self.claims is not None:
+            self.claims[self.trainer] = claim
         if not self.settings.compat or not (asked and lookup.candidates):  # the reference skips it then
             self.count_misses(lookup)
         return self._replace(pending, budget) if asked else None
+
+    def quotas(self) -> np.ndarray:
+        """Slots each trainer of a split buffer is due: the capacity in proportion to the claims,
+        by largest remainders (ties to the lower trainer); equal where nobody claims anything."""
+        claims = self.claims.astype(np.int64)
+        if not claims.sum():
+            claims = np.ones_like(claims)
+        exact = self.capacity * claims
+        quota, remainder = exact // claims.sum(), exact % claims.sum()
+        quota[np.argsort(-remainder, kind="stable")[:self.capacity - int(quota.sum())]] += 1
+        return quota
+
+    def own_candidates(self, cand: np.ndarray) -> np.ndarray:
+        """Of the eviction candidates ``cand`` (node ID order), those this trainer may replace in a
+        split buffer: its own, and while it holds fewer than its quota, others' candidates from
+        trainers above theirs, lowest-scored first (ties by node ID), at most each one's surplus
+        and this trainer's deficit. The order of ``cand`` is kept."""
+        if self.owner is None:
+            return cand
+        trainers = self.claims.size
+        quota, held = self.quotas(), np.bincount(self.owner, minlength=trainers)
+        mine = self.owner[cand] == self.trainer
+        deficit = int(quota[self.trainer] - held[self.trainer])
+        surplus = np.maximum(held - quota, 0)
+        others = np.flatnonzero(~mine & (surplus[self.owner[cand]] > 0))
+        if deficit <= 0 or not others.size:
+            return cand[mine]
+        others = others[np.argsort(self.score[cand[others]], kind="stable")]  # lowest-scored first
+        donor = self.owner[cand[others]]
+        by_donor = np.argsort(donor, kind="stable")  # each donor's candidates in score order
+        first = np.searchsorted(donor[by_donor], donor[by_donor])
+        rank = np.empty(others.size, dtype=np.int64)
+        rank[by_donor] = np.arange(others.size) - first
+        given = others[rank < surplus[donor]][:deficit]
+        mine[given] = True
+        return cand[mine]
 
     def eviction_candidates(self) -> np.ndarray:
         """Slots with S_E below the threshold, in node ID order (pending tokens and sentinels
@@ -181,7 +242,7 @@ class ScoredBuffer(PrefetchBuffer):
         return cand[np.argsort(self.ids[cand], kind="stable")]
 
     def _replace(self, pending: bool, budget: int | None = None) -> Replacement:
-        cand = self.eviction_candidates()
+        cand = self.own_candidates(self.eviction_candidates())
         counts = self.miss_count
         take = most_missed(counts, cand.size)
         k = take.size
@@ -196,8 +257,11 @@ class ScoredBuffer(PrefetchBuffer):
         evicted[awaited] = self.pending[slots[awaited]]
         idx, ok = self.index.find(evicted)
         new_scores = counts[take].copy()
-        counts[idx[ok]] = self.score[slots][ok]  # evicted: S_N := last S_E
-        counts[take] = -1
+        self.miss_counts[:, idx[ok]] = 0  # evicted: S_N := last S_E (this trainer's; the others' start again)
+        counts[idx[ok]] = self.score[slots][ok]
+        self.miss_counts[:, take] = -1  # inserted: in the buffer for every trainer
+        if self.owner is not None:
+            self.owner[slots] = self.trainer
         self.score[slots] = new_scores  # inserted: S_E := S_N
         left = idx[ok][self.slot_of[idx[ok]] == slots[ok]]  # a node two pending slots awaited is mapped to one
         self.slot_of[left] = -1
@@ -256,3 +320,7 @@ class ScoredBuffer(PrefetchBuffer):
     @property
     def occupancy(self) -> int:
         return int(self.counters[1])
+
+    @property
+    def slots_held(self) -> int:
+        return -1 if self.owner is None else int(np.count_nonzero(self.owner == self.trainer))

@@ -22,7 +22,7 @@ from rudder.comm.dist_array import GETS
 from rudder.comm.layout import PARTITION_MODES
 from rudder.data.adjacency import REPLICATE_MAX_BYTES, TOPOLOGIES
 from rudder.logs import checkpoints
-from rudder.prefetch.buffers import INIT_MODES, SCOPES
+from rudder.prefetch.buffers import INIT_MODES, SCOPES, SPLITS
 from rudder.prefetch.policies import POLICIES
 from rudder.sampling.phases import Phase, PhaseSettings, RunPhases, phase_settings
 from rudder.train import options
@@ -115,6 +115,10 @@ class BufferSection:
     sharing: str = option("trainer", "trainer: a buffer per trainer; node: the trainers of a node share one buffer "
                           "in shared memory (needs --partition-mode node)", name="buffer_sharing",
                           choices=("trainer", "node"))
+    split: str = option("pool", "with --buffer-sharing node: pool: any trainer replaces any slot, by the node's miss "
+                        "counts; quota: each trainer replaces only the slots it holds, by its own miss counts, and "
+                        "holds its claim's part of the node's capacity (equal claims unless an agent's structured "
+                        "action sets them)", name="buffer_split", choices=SPLITS)
     lookahead: int = option(4, "minibatches the lookahead policy samples ahead",
                             check=(lambda v: v >= 1, "a positive number of minibatches"))
     replay: str = option("", "with --policy replay: repeat this earlier run's replacements at the same minibatches",
@@ -263,6 +267,8 @@ class TrainConfig:
         need(b.init != "vip" or (buffer_class is not None and buffer_class.fills_statically), "--buffer-init", b.init,
              f"degree, random or empty with --policy {b.policy} (vip ranks a buffer's initial fill: "
              f"{'there is no buffer' if buffer_class is None else 'this one starts empty and fills on demand'})")
+        need(b.split == "pool" or b.sharing == "node", "--buffer-split", b.split,
+             "pool, unless --buffer-sharing node (only a node-shared buffer is split between trainers)")
         need(not self.checkpoint.every or b.sharing == "trainer", "--checkpoint-every", self.checkpoint.every,
              "no checkpoints with --buffer-sharing node (not supported yet)")
         self.check_shift()

@@ -286,6 +286,7 @@ class Trainer:
             "hits": a.hits, "misses": a.misses, "refills": a.refills, "evictions": a.evictions,
             "candidates": a.candidates, "refetched": a.refetched, "replaced": a.replaced, "asked_by": a.asked_by,
             "occupancy": a.occupancy, "refill_budget": a.refill_budget, "lookahead_window": a.lookahead_window,
+            "slots_held": a.slots_held,
             "decision_request": a.decision[0], "decision_age": a.decision[1], "action_fallback": a.decision[2],
             "comm_volume": a.comm_volume, "hit_percent": a.hit_percent,
             "hit_ratio": a.hit_total / looked if looked else 0.0,

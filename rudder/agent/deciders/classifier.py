@@ -172,7 +172,7 @@ def budget_of(evict: bool, p_evict: float | None, ctx: TrainerContext) -> Action
     the even odds: (2 p - 1) of them (all of them for the SVM, which gives no probability)."""
     limits = ActionLimits.of(ctx.facts)
     if not evict:
-        return Action.budget(0, limits.window)
+        return Action.budget(0, limits.window, limits.share)
     share = 1.0 if p_evict is None else min(1.0, max(0.0, 2 * p_evict - 1))
     rows = int(round(share * min(limits.refill, ctx.latest["candidates"])))
-    return Action.budget(max(rows, 1) if limits.refill else 0, limits.window)
+    return Action.budget(max(rows, 1) if limits.refill else 0, limits.window, limits.share)

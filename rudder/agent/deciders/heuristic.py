@@ -46,11 +46,24 @@ class Heuristic(Decider):
         shrunk by the share of step time the trainer already waits for its inputs (every refilled
         row is read in the same request as the misses, on that path), and no more than the rows
         the latest refill's request could read in the time of a step at the bandwidth achieved
-        (its cost per row, measured). The window stays the largest: a longer lookahead ranks better."""
+        (its cost per row, measured). The window stays the largest: a longer lookahead ranks better.
+        On a split node buffer the trainer claims capacity by the share of its inputs that miss
+        (``claim``), whether or not it refills now."""
         limits, m = ActionLimits.of(ctx.facts), ctx.latest
+        share = Heuristic.claim(ctx, limits)
         if not evict:
-            return Action.budget(0, limits.window)
+            return Action.budget(0, limits.window, share)
         rows = m["candidates"] * (1.0 - m["wait_share"]) if m["hitrate"] > 0 else limits.refill
         if m["refill_rows"] > 0 and m["refill_seconds"] > 0 and m["step_seconds"] > 0:
             rows = min(rows, m["step_seconds"] * m["refill_rows"] / m["refill_seconds"])
-        return Action.budget(int(min(limits.refill, max(0.0, rows))), limits.window)
+        return Action.budget(int(min(limits.refill, max(0.0, rows))), limits.window, share)
+
+    @staticmethod
+    def claim(ctx: TrainerContext, limits: ActionLimits) -> int:
+        """A trainer's claim on its node's split buffer: in proportion to the share of its inputs
+        that miss (the buffer's slots serve every trainer's hits, but each trainer refills only its
+        own, with its own most-missed rows), at least 1 so that no trainer is starved outright."""
+        if not limits.share:
+            return 0
+        missing = 1.0 - min(100.0, max(0.0, ctx.latest["hitrate"])) / 100.0
+        return int(min(limits.share, max(1, round(limits.share * missing))))

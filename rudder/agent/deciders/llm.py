@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 
-from rudder.agent.action import Action, ActionLimits, window_limit
+from rudder.agent.action import Action, ActionLimits, share_limit, window_limit
 from rudder.agent.deciders.base import Decider, TrainerContext, blank_context, register_decider
 from rudder.agent.deciders.llm_backends import DecisionCutOff, InProcessModel, ServerModel, probe_server, resolve_model
 from rudder.agent.protocol import EVICT, KEEP, Decision
@@ -70,13 +70,15 @@ SCHEMA = {
 }
 
 
-def action_format(window: int, reason_chars: int = 0) -> tuple[str, dict]:
+def action_format(window: int, reason_chars: int = 0, share: bool = False) -> tuple[str, dict]:
     """(GBNF grammar, JSON schema) of the structured answer; ``window``: the largest window (0: not
-    asked); ``reason_chars``: the longest reason (0: none asked)."""
+    asked); ``reason_chars``: the longest reason (0: none asked); ``share``: a claim on a split node
+    buffer asked, in percent (``SHARE_SCALE``)."""
     windows = " | ".join(f'"{w}"' for w in range(window + 1))
     grammar = "\n".join([
         "",
         r'root ::= "{\"refill\":" percent' + (r' ",\"window\":" window' if window else "")
+        + (r' ",\"share\":" percent' if share else "")
         + r' ",\"hr\":" direction ",\"comm\":" direction ",\"wait\":" direction' + (" why?" if reason_chars else "")
         + r' "}"',
         r'percent ::= "100" | [1-9] [0-9] | [0-9]',
@@ -89,10 +91,12 @@ def action_format(window: int, reason_chars: int = 0) -> tuple[str, dict]:
     direction = SCHEMA["properties"]["hitrate"]
     properties = {"refill": {"type": "integer", "minimum": 0, "maximum": 100},
                   **({"window": {"type": "integer", "minimum": 0, "maximum": window}} if window else {}),
+                  **({"share": {"type": "integer", "minimum": 0, "maximum": 100}} if share else {}),
                   "hr": direction, "comm": direction, "wait": direction,
                   **({"why": {"type": "string", "maxLength": reason_chars}} if reason_chars else {})}
     schema = {"type": "object", "additionalProperties": False, "properties": properties,
-              "required": ["refill", *(["window"] if window else []), "hr", "comm", "wait"]}
+              "required": ["refill", *(["window"] if window else []), *(["share"] if share else []), "hr", "comm",
+                           "wait"]}
     return grammar, schema
 
 
@@ -103,13 +107,15 @@ def parse_action(text: str, limits: ActionLimits, reason_chars: int = 0) -> Deci
     d = json.loads(text)
     if not isinstance(d, dict):
         raise ValueError(f"not a JSON object: {text[:200]!r}")
-    keys = {"refill", "hr", "comm", "wait"} | ({"window"} if limits.window else set()) | ({"why"} if reason_chars else set())
+    keys = ({"refill", "hr", "comm", "wait"} | ({"window"} if limits.window else set())
+            | ({"share"} if limits.share else set()) | ({"why"} if reason_chars else set()))
     why, percent, window = d.get("why", ""), d.get("refill"), d.get("window", limits.window)
-    if (set(d) - keys or not isinstance(percent, int) or not isinstance(window, int) or isinstance(percent, bool)
+    share = d.get("share", 100)
+    if (set(d) - keys or not all(isinstance(v, int) and not isinstance(v, bool) for v in (percent, window, share))
             or any(d[k] not in DIRECTIONS for k in ("hr", "comm", "wait")) or not isinstance(why, str)
             or len(why) > reason_chars):
         raise ValueError(f"unexpected values in {text[:200]!r}")
-    action = Action.budget(round(percent * limits.refill / 100), window)
+    action = Action.budget(round(percent * limits.refill / 100), window, round(share * limits.share / 100))
     return Decision(EVICT if action.evict else KEEP, DIRECTIONS[d["hr"]], DIRECTIONS[d["comm"]], why, raw=text,
                     action=action, wait_impact=DIRECTIONS[d["wait"]])
 
@@ -176,7 +182,9 @@ class LLM(Decider):
         seed = cfg.training.seed
         self.structured, self.window = cfg.agent.action == "structured", window_limit(cfg)
         self.reason_chars = cfg.llm.reason_chars
-        grammar, schema = action_format(self.window, self.reason_chars) if self.structured else (GRAMMAR, SCHEMA)
+        self.share = share_limit(cfg) > 0
+        grammar, schema = (action_format(self.window, self.reason_chars, self.share) if self.structured
+                           else (GRAMMAR, SCHEMA))
         self.model = (ServerModel(cfg.llm, seed, grammar, schema) if cfg.llm.url
                       else InProcessModel(cfg.llm, seed, threads, grammar))
         names = ("system_action.txt", "user_action.txt") if self.structured else ("system.txt", "user.txt")
@@ -185,6 +193,9 @@ class LLM(Decider):
         if self.structured and self.window:
             self.system += (f'Also choose "window", after the refill: how many upcoming minibatches (0 to {self.window}) '
                             f'the cache ranks its rows by; more sees further ahead.\n')
+        if self.structured and self.share:
+            self.system += ('Also choose "share", after those: how much of the node\'s shared cache this trainer '
+                            'claims, 0 to 100 against the other trainers\' claims; more misses, a larger claim.\n')
         if self.structured and self.reason_chars:
             self.system += (f'Then, last, a very short reason: "why":"at most {self.reason_chars} characters".\n')
         with open(os.path.join(PROMPTS, names[1])) as f:

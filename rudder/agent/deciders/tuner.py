@@ -57,7 +57,7 @@ def actions_of(limits: ActionLimits, structured: bool) -> list[Action]:
         return [Action.paper(False, limits), Action.paper(True, limits)]
     windows = sorted({limits.window // 2, limits.window}) if limits.window else [0]
     budgets = sorted({int(f * limits.refill) for f in FRACTIONS})
-    return [Action.budget(b, w) for b in budgets for w in windows]
+    return [Action.budget(b, w, limits.share) for b in budgets for w in windows]  # an equal claim: arms stay few
 
 
 @register_decider("tuner")
