@@ -73,7 +73,8 @@ HELLO_FIELDS = ("kind", "world_rank", "num_nodes", "num_edges", "partition", "nu
 # transport reads the payload by position.
 DECISION_FIELDS = ("request", "decision", "refill", "window", "hitrate_impact", "comm_impact", "latency", "fallback",
                    "wait_impact", "share")
-ACTION_AT = [DECISION_FIELDS.index(f) for f in ("decision", "refill", "window", "share")]  # Action's fields, in order
+ACTION_IN_DECISION = ("decision", "refill", "window", "share")  # where Action's fields go, in Action's order
+ACTION_AT = [DECISION_FIELDS.index(f) for f in ACTION_IN_DECISION]
 NO_IMPACT = -1  # a direction not predicted (the wait_impact of a paper-mode decision)
 HELLO_START = len(HELLO_FIELDS)  # the HELLO message's last value: the minibatch the trainer starts from (resumed: > 0)
 MESSAGE_SIZE = max(len(REQUEST_FIELDS), HELLO_START + 1)

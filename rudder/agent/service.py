@@ -9,7 +9,16 @@ import numpy as np
 
 from rudder.agent.action import ActionLimits
 from rudder.agent.deciders import Decider, TrainerContext
-from rudder.agent.protocol import DECISION_FIELDS, EVICT, KEEP, WINDOW_METRICS, Decision, check_observation, conditions
+from rudder.agent.protocol import (
+    ACTION_IN_DECISION,
+    DECISION_FIELDS,
+    EVICT,
+    KEEP,
+    WINDOW_METRICS,
+    Decision,
+    check_observation,
+    conditions,
+)
 from rudder.logs.schema import FALLBACKS
 
 
@@ -87,7 +96,7 @@ class DecisionService:
             **action.row(), **impacts, "latency": latency, "fallback": int(code != 0), "fallback_code": code})
         for name, text in (("prompt", d.prompt), ("answer", d.raw or d.explanation), ("fallback_reason", d.fallback_reason)):
             self.log.append_ragged(name, np.frombuffer(text.encode(), dtype=np.uint8))
-        sent = {"request": req["request"], **dict(zip(("decision", "refill", "window", "share"), action.payload())),
+        sent = {"request": req["request"], **dict(zip(ACTION_IN_DECISION, action.payload())),
                 **impacts, "latency": latency, "fallback": float(code)}
         return np.array([float(sent[k]) for k in DECISION_FIELDS])
 
