@@ -9,9 +9,12 @@ from buffer_reference import ReferenceBuffer, ReferenceWindow
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rudder.agent.action import SHARE_SCALE
 from rudder.prefetch.buffers import AdmissibleIndex, BufferSettings, eviction_threshold, find_sorted
+from rudder.prefetch.policies import Policy
 from rudder.prefetch.scored_buffer import ScoredBuffer, most_missed
 from rudder.prefetch.window_buffer import WindowBuffer
+from rudder.train.config import TrainConfig
 
 
 def step(buf, nodes, asked, pending=False):
@@ -263,6 +266,11 @@ def test_a_split_buffers_quotas_follow_the_claims():
         buf.replace(look, False, claim=100)
     rep = buf.replace(buf.lookup(cold), True, claim=100)
     assert rep.slots.size == 10 and (buf.owner == 0).all() and set(rep.inserted.tolist()) == set(cold.tolist())
+    # one trainer a node is split too (its limits then admit the claim that the llm's grammar asks for)
+    alone = ScoredBuffer(BufferSettings(0.5, "degree", split="quota"), np.arange(10, 30), np.arange(20), (0, 10), 40, 1,
+                         np.random.default_rng(0), trainer=0, trainers=1)
+    assert alone.slots_held == alone.capacity == 10 and alone.quotas().tolist() == [10]
+    assert Policy(TrainConfig.from_flat({"data": "-", "run_dir": "-"})).action_limits(alone).share == SHARE_SCALE
 
 
 @settings(max_examples=200, deadline=None)

@@ -103,7 +103,7 @@ class ScoredBuffer(PrefetchBuffer):
         self.features = alloc((B, dim), np.float32)
         # per admissible node (halo: by position in the sorted halo; remote: by ID): S_N, and the slot
         # holding it; S_N per trainer where a node's buffer is split (each refills by its own misses)
-        split = s.split == "quota" and trainers > 1
+        split = s.split == "quota"  # with one trainer a node too: its agent's action claims as the config says
         self.miss_counts = alloc((trainers if split else 1, self.index.size), np.float32)
         self.miss_count = self.miss_counts[trainer if split else 0]  # this trainer's S_N (a view)
         self.trainer = trainer
