@@ -5,6 +5,7 @@ and the lookahead buffer's Belady choice."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from buffer_reference import ReferenceBuffer, ReferenceWindow
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -245,6 +246,78 @@ def test_two_trainers_sharing_a_buffer_read_only_arrived_rows(ops, init, compat,
             assert after[who] <= max(before[who], quota[who])
             assert all(after[u] >= min(before[u], quota[u]) for u in range(3) if u != who)
             assert (buf.owner == owner)[np.setdiff1d(np.arange(buf.capacity), taken)].all()
+        if buf.owner is not None:
+            assert buf.held.tolist() == np.bincount(buf.owner, minlength=3).tolist()
+
+
+def node_of_three(split: str) -> list[ScoredBuffer]:
+    """Three trainers sharing one buffer (each row: its node's ID), the first one filling it."""
+    shared, trainers = SharedArrays(), []
+    for t in range(3):
+        shared.next = 0
+        trainers.append(ScoredBuffer(BufferSettings(0.5, "degree", 0.3, 2, split=split), np.arange(10, 50),
+                                     np.arange(40) % 7, (0, 10), 60, 1, np.random.default_rng(0),
+                                     alloc=shared.alloc, initialise=t == 0, trainer=t, trainers=3))
+    trainers[0].features[:, 0] = trainers[0].ids
+    return trainers
+
+
+def turns(trainers, rng, count, waiting):
+    """``count`` minibatches of random trainers (one in three with a new claim); a trainer's
+    pending rows arrive when it next takes a turn (``waiting``: its replacement in flight)."""
+    for _ in range(count):
+        who = int(rng.integers(3))
+        b = trainers[who]
+        if waiting[who] is not None:
+            b.settle(None, waiting[who], waiting[who].inserted.astype(np.float32)[:, None], None, [])
+            waiting[who] = None
+        look = b.lookup(rng.choice(np.arange(60), size=12, replace=False))
+        assert (b.features[look.slots, 0] == look.nodes[look.hit]).all()  # a hit reads its node's row
+        claim = int(rng.integers(1, 101)) if rng.random() < 1 / 3 else None
+        waiting[who] = b.replace(look, bool(rng.random() < 0.5), pending=True, claim=claim)
+
+
+@pytest.mark.parametrize("split", ["pool", "quota"])
+def test_a_node_shared_buffer_resumes_from_its_first_trainers_state(split):
+    """A checkpoint of a node-shared buffer: the node's arrays from its first trainer, each
+    trainer's own part from itself. Restored into freshly built trainers, with every row
+    arrived, the node goes on exactly as the original; with a replacement still awaiting its
+    rows at the snapshot, those slots stay unmatched and every hit still reads its node's row."""
+    rng = np.random.default_rng(5)
+    original, waiting = node_of_three(split), [None] * 3
+    turns(original, rng, 40, waiting)
+    for who, rep in enumerate(waiting):  # every row arrives
+        if rep is not None:
+            original[who].settle(None, rep, rep.inserted.astype(np.float32)[:, None], None, [])
+    states = [b.state_dict(node=t == 0) for t, b in enumerate(original)]
+    assert "ids" in states[0] and "ids" not in states[1] and ("owner" in states[0]) == (split == "quota")
+    restored = node_of_three(split)
+    for b, state in zip(restored, states):
+        b.load_state_dict(state)
+    ops = rng.bit_generator.state
+    for node in (original, restored):
+        rng.bit_generator.state = ops
+        turns(node, rng, 40, [None] * 3)
+    for k in (*ScoredBuffer.NODE_STATE, "slot_of"):
+        if getattr(original[0], k) is not None:
+            np.testing.assert_array_equal(getattr(original[0], k), getattr(restored[0], k), err_msg=k)
+    for a, b in zip(original, restored):
+        np.testing.assert_array_equal(a.last_evicted, b.last_evicted)
+        np.testing.assert_array_equal(a.evicted, b.evicted)
+    # a snapshot with trainer 1's replacement in flight: its slots never match after the resume
+    original, waiting = node_of_three(split), [None] * 3
+    turns(original, rng, 40, waiting)
+    while waiting[1] is None or not (original[0].ids[waiting[1].slots] == waiting[1].tokens).any():
+        turns(original, rng, 1, waiting)
+    states = [b.state_dict(node=t == 0) for t, b in enumerate(original)]
+    restored = node_of_three(split)
+    for b, state in zip(restored, states):
+        b.load_state_dict(state)
+    awaited = np.flatnonzero(restored[0].ids >= restored[0].pending_base)
+    assert awaited.size and not np.isin(awaited, restored[0].slot_of).any()
+    turns(restored, rng, 60, [None] * 3)
+    real = np.flatnonzero(restored[0].ids < 60)
+    assert (restored[0].features[real, 0] == restored[0].ids[real]).all() and restored[0].occupancy == real.size
 
 
 def test_a_split_buffers_quotas_follow_the_claims():

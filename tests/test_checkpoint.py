@@ -47,8 +47,9 @@ def latest_counter(run) -> int:
         return -1
 
 
-def start(ranks, args):
-    return subprocess.Popen(train_command(ranks, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(ranks, args, env=None):
+    return subprocess.Popen(train_command(ranks, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, **(env or {})))
 
 
 def assert_same_run(a_run, b_run):
@@ -152,6 +153,39 @@ def test_sigterm_checkpoints_then_stops_and_the_run_resumes(parts, uninterrupted
     proc = run_train(2, "--resume", run, "--epochs", "20", "--progress", "none")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_run(uninterrupted["lookahead"], run)
+
+
+SHARED = ["--partition-mode", "node", "--buffer-sharing", "node", "--buffer-split", "quota", "--buffer-init", "empty"]
+TWO_NODES = {"MPIR_CVAR_NUM_CLIQUES": "2"}  # 4 trainers: 2 emulated nodes of 2, each node a partition
+
+
+def test_a_node_shared_buffer_resumes_from_its_first_trainers_file(parts, tmp_path):
+    """--buffer-sharing node (split in quotas): killed after a checkpoint and resumed, the losses
+    and every epoch's parameters are the uninterrupted run's, and the buffer is the one the
+    checkpoint kept, not a new one: every trainer's first resumed minibatch finds rows in it,
+    where a new empty buffer holds none until four lookups on its node have made its slots
+    eviction candidates. (Hits and rows of a shared buffer depend on how its trainers
+    interleave, so they are not compared.)"""
+    base = str(tmp_path / "base")
+    proc = run_train(4, *flags(parts, "fixed"), *SHARED, "--run-dir", base, env=TWO_NODES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = str(tmp_path / "run")
+    kill_after_checkpoint(start(4, flags(parts, "fixed", LONG) + SHARED + ["--run-dir", run, "--checkpoint-every", "7"],
+                                env=TWO_NODES), run, 41)
+    killed_at = latest_counter(run)
+    where = os.path.join(run, "checkpoint", f"minibatch-{killed_at:09d}")
+    kept = [torch.load(os.path.join(where, f"rank-{r:05d}.pt"), weights_only=False)["assembly"]["buffer"] for r in range(4)]
+    # ranks 0, 2 form node 0 and 1, 3 node 1 (round robin): each node's first trainer keeps its buffer
+    assert ["owner" in k for k in kept] == [True, True, False, False]
+    proc = run_train(4, "--resume", run, "--epochs", "20", "--progress", "none", env=TWO_NODES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for a, b in zip(read_logs(base), read_logs(run), strict=True):
+        assert b["status"] == "completed" and b["attrs"]["resumed"]
+        for column in ("epoch", "step", "seeds", "input_nodes", "loss", "global_loss"):
+            np.testing.assert_array_equal(a["minibatches"][column], b["minibatches"][column], err_msg=column)
+        for column in ("param_digest", "val_acc", "test_acc"):
+            np.testing.assert_array_equal(a["epochs"][column], b["epochs"][column], err_msg=column)
+        assert b["minibatches"]["occupancy"][killed_at + 1] > 0
 
 
 def saved_agent(run: str, counter: int) -> dict:

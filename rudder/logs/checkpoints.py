@@ -27,7 +27,10 @@ import json
 import os
 import shutil
 
-FORMAT_VERSION = 3  # 2: config sections, policy and collector states by name; 3: buffer slots in no order, scored buffer counters
+# 2: config sections, policy and collector states by name; 3: buffer slots in no order, scored
+# buffer counters; 4: a scored buffer's miss counts per trainer, a split's owners, holdings and
+# claims (node-shared buffers checkpoint)
+FORMAT_VERSION = 4
 
 
 def root(run_dir: str) -> str:

@@ -113,12 +113,19 @@ class CachedFeatures:
         return self.init_stats
 
     def state_dict(self) -> dict:
-        return {"counter": self.counter, "hit_total": self.hit_total, "miss_total": self.miss_total,
-                "buffer": self.buffer.state_dict()}
+        """A node-shared buffer's arrays are kept by the node's first trainer, copied under the
+        node's lock (no other trainer's replacement half done; slots still awaiting another
+        trainer's rows stay unmatched after a resume, until replaced); every trainer keeps its own part."""
+        with self.lock():
+            buffer = self.buffer.state_dict(node=self.shared is None or self.shared.comm.rank == 0)
+        return {"counter": self.counter, "hit_total": self.hit_total, "miss_total": self.miss_total, "buffer": buffer}
 
     def load_state_dict(self, state: dict) -> None:
+        """Collective over the node's trainers when they share the buffer."""
         self.counter, self.hit_total, self.miss_total = state["counter"], state["hit_total"], state["miss_total"]
         self.buffer.load_state_dict(state["buffer"])
+        if self.shared is not None:
+            self.shared.comm.Barrier()  # the node's arrays are back before any trainer looks up
 
     def assemble(self, nodes: np.ndarray, future: list[np.ndarray] = ()) -> tuple[np.ndarray, AssemblyStats]:
         """Feature rows of ``nodes`` (unique global IDs); ``future``: the next minibatches' input

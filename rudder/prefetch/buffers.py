@@ -125,7 +125,9 @@ class PrefetchBuffer:
         """Slots this trainer holds of a node buffer split in quotas; -1 where there is no split."""
         return -1
 
-    def state_dict(self) -> dict:
+    def state_dict(self, node: bool = True) -> dict:
+        """Copies of what changes, for a checkpoint. ``node``: with the arrays a node's trainers
+        share (a node-shared buffer's first trainer keeps them; the others keep their own part)."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:

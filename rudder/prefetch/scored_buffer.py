@@ -84,7 +84,9 @@ class ScoredBuffer(PrefetchBuffer):
 
     shareable = True
     fills_statically = True
-    STATE = ("ids", "score", "features", "miss_count", "pending", "counters")  # slot_of follows from ids
+    # what changes, all of it in shared memory when a node's trainers share the buffer (slot_of
+    # follows from ids; owner, held and claims exist when split)
+    NODE_STATE = ("ids", "score", "features", "miss_counts", "pending", "counters", "owner", "held", "claims")
 
     def __init__(self, settings: BufferSettings, halo: np.ndarray, halo_in_degree: np.ndarray, owned: tuple[int, int],
                  num_nodes: int, dim: int, rng: np.random.Generator, alloc=_private, initialise: bool = True,
@@ -108,6 +110,7 @@ class ScoredBuffer(PrefetchBuffer):
         self.miss_count = self.miss_counts[trainer if split else 0]  # this trainer's S_N (a view)
         self.trainer = trainer
         self.owner = alloc((B,), np.int32) if split else None  # the trainer holding each slot
+        self.held = alloc((trainers,), np.int64) if split else None  # slots each trainer holds (of owner)
         self.claims = alloc((trainers,), np.int64) if split else None
         self.slot_of = alloc((self.index.size,), np.int32)  # -1: in no slot (or in a pending one)
         self.pending = alloc((B,), np.int64)  # node ID awaited by a pending slot
@@ -136,6 +139,7 @@ class ScoredBuffer(PrefetchBuffer):
         if self.owner is not None:  # equal claims, and the slots dealt out to match their quotas
             self.claims[:] = SHARE_SCALE
             self.owner[:] = np.arange(B) % trainers
+            self.held[:] = np.bincount(self.owner, minlength=trainers)
 
     def most_included(self, ranking: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
         """The initial slots under ``--buffer-init vip``: the top-B admissible nodes by inclusion
@@ -217,8 +221,7 @@ class ScoredBuffer(PrefetchBuffer):
         and this trainer's deficit. The order of ``cand`` is kept."""
         if self.owner is None:
             return cand
-        trainers = self.claims.size
-        quota, held = self.quotas(), np.bincount(self.owner, minlength=trainers)
+        quota, held = self.quotas(), self.held
         mine = self.owner[cand] == self.trainer
         deficit = int(quota[self.trainer] - held[self.trainer])
         surplus = np.maximum(held - quota, 0)
@@ -261,6 +264,8 @@ class ScoredBuffer(PrefetchBuffer):
         counts[idx[ok]] = self.score[slots][ok]
         self.miss_counts[:, take] = -1  # inserted: in the buffer for every trainer
         if self.owner is not None:
+            self.held -= np.bincount(self.owner[slots], minlength=self.held.size)
+            self.held[self.trainer] += slots.size
             self.owner[slots] = self.trainer
         self.score[slots] = new_scores  # inserted: S_E := S_N
         left = idx[ok][self.slot_of[idx[ok]] == slots[ok]]  # a node two pending slots awaited is mapped to one
@@ -301,14 +306,22 @@ class ScoredBuffer(PrefetchBuffer):
         self.counters[1] += slots.size
         return int(slots.size)
 
-    def state_dict(self) -> dict:
-        """Copies of everything that changes (for a checkpoint)."""
-        return {**{k: getattr(self, k).copy() for k in self.STATE}, "last_evicted": self.last_evicted.copy()}
+    def state_dict(self, node: bool = True) -> dict:
+        """Copies of everything that changes (for a checkpoint); ``node``: the node's arrays too,
+        not only this trainer's own part (its latest eviction)."""
+        state = {"last_evicted": self.last_evicted.copy()}
+        if node:
+            state.update({k: getattr(self, k).copy() for k in self.NODE_STATE if getattr(self, k) is not None})
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        for k in self.STATE:  # in place: the arrays may live in shared memory
-            getattr(self, k)[...] = state[k]
-        self._map_slots()
+        """A state without the node's arrays restores this trainer's own part only (another
+        trainer of the node restores the arrays they share)."""
+        if "ids" in state:
+            for k in self.NODE_STATE:  # in place: the arrays may live in shared memory
+                if getattr(self, k) is not None:
+                    getattr(self, k)[...] = state[k]
+            self._map_slots()
         self.evicted[:] = False
         self.last_evicted = state["last_evicted"]
         self._mark_evicted(True)
@@ -323,4 +336,4 @@ class ScoredBuffer(PrefetchBuffer):
 
     @property
     def slots_held(self) -> int:
-        return -1 if self.owner is None else int(np.count_nonzero(self.owner == self.trainer))
+        return -1 if self.held is None else int(self.held[self.trainer])

@@ -303,7 +303,7 @@ class WindowBuffer(PrefetchBuffer):
     def occupancy(self) -> int:
         return self.filled
 
-    def state_dict(self) -> dict:
+    def state_dict(self, node: bool = True) -> dict:
         return {"ids": self.ids.copy(), "features": self.features.copy(), "last_used": self.last_used.copy(),
                 "clock": self.clock}
 

@@ -269,8 +269,6 @@ class TrainConfig:
              f"{'there is no buffer' if buffer_class is None else 'this one starts empty and fills on demand'})")
         need(b.split == "pool" or b.sharing == "node", "--buffer-split", b.split,
              "pool, unless --buffer-sharing node (only a node-shared buffer is split between trainers)")
-        need(not self.checkpoint.every or b.sharing == "trainer", "--checkpoint-every", self.checkpoint.every,
-             "no checkpoints with --buffer-sharing node (not supported yet)")
         self.check_shift()
         return self
 
