@@ -31,6 +31,32 @@ def test_serial_steps_add_up_and_overlapped_steps_take_the_longer_side():
     assert timing.epoch_seconds(np.array([3.0, 6, 9, 12]), np.array([0, 0, 1, 1]), [0, 1]) == [6, 6]
 
 
+def test_a_shared_link_is_divided_in_time_between_the_fetches_on_it():
+    """shared_link_pipeline: without bytes it is pipeline_end; fetches that start together share
+    the link as link_seconds has it; a fetch alone on the link gets all of it; the link carries
+    no more than its bandwidth; a copy beside the Gets bounds a read from below."""
+    rng = np.random.default_rng(0)
+    for depth in (0, 1, 2):
+        for trainers in (1, 3):
+            prepare, train, sync = rng.random((trainers, 12)), rng.random((trainers, 12)), rng.random(12) * 0.1
+            end, _ = timing.shared_link_pipeline(prepare, 0 * prepare, 0 * prepare, train, sync, depth, 1.0)
+            np.testing.assert_allclose(end, timing.pipeline_end(prepare, train, sync, depth))
+    b = np.array([[1.0], [2.0], [3.0]])
+    zero = np.zeros((3, 1))
+    end, on_link = timing.shared_link_pipeline(zero, b, zero, zero, np.zeros(1), 0, 1.0)
+    np.testing.assert_allclose(on_link, timing.link_seconds(b, Machine(**HOST)))  # together: as link_seconds
+    # trainer 1 computes for 2 s while trainer 0 fetches: each has the link to itself
+    end, on_link = timing.shared_link_pipeline(np.array([[0.0], [2.0]]), np.array([[2.0], [2.0]]), np.zeros((2, 1)),
+                                               np.zeros((2, 1)), np.zeros(1), 1, 1.0)
+    assert on_link[:, 0].tolist() == [2, 2] and end.tolist() == [4]
+    # overlapped, many steps: the link never carries more than its bandwidth
+    head, nbytes, train = rng.random((4, 40)), rng.random((4, 40)) * 3, rng.random((4, 40))
+    end, on_link = timing.shared_link_pipeline(head, nbytes, 0 * head, train, np.zeros(40), 1, 2.0)
+    assert end[-1] >= nbytes.sum() / 2.0 and (on_link >= nbytes / 2.0 - 1e-9).all()
+    end, on_link = timing.shared_link_pipeline(zero, b, zero + 7.0, zero, np.zeros(1), 0, 1.0)
+    assert end.tolist() == [7]  # a copy of 7 s beside the Gets (6 s of bytes): each read ends at 7 s
+
+
 def test_overlapped_sampling_reads_wait_behind_the_bulk_and_feature_reads_do_not():
     """On a shared link with overlap, a sampling round pays the loaded round trip (its small reads
     queue behind other trainers' feature bytes), a feature round the unloaded one (its bytes are

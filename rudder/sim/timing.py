@@ -9,8 +9,11 @@ Per trainer r and minibatch i, from the counts the simulation made:
   sync[i]       = the gradient allreduce, after the slowest trainer's train.
 ``pipeline_end`` replays ``rudder.prefetch.pipeline``: with depth 0 each minibatch is prepared
 after the previous step; with depth d a thread prepares ahead and blocks once d prepared
-minibatches wait in its queue. An epoch is the time between the ends of its last step and the
-previous epoch's; the epoch time is the median over epochs 2..E (``rudder.logs.metrics``).
+minibatches wait in its queue. On one shared link with overlap the trainers' pipeline threads
+run at their own pace, so their fetches do not start together: ``shared_link_pipeline`` replays
+the same pipeline in time, the link divided at every moment between the fetches on it then.
+An epoch is the time between the ends of its last step and the previous epoch's; the epoch time
+is the median over epochs 2..E (``rudder.logs.metrics``).
 """
 from __future__ import annotations
 
@@ -78,6 +81,70 @@ def pipeline_end(prepare: np.ndarray, train: np.ndarray, sync: np.ndarray, depth
     return end
 
 
+HEAD, LINK, HAND, BLOCKED, DONE = range(5)  # a pipeline thread's phase in shared_link_pipeline
+
+
+def shared_link_pipeline(head: np.ndarray, nbytes: np.ndarray, floor: np.ndarray, train: np.ndarray, sync: np.ndarray,
+                         depth: int, bandwidth: float) -> tuple[np.ndarray, np.ndarray]:
+    """``pipeline_end`` with the reads' bytes on one link shared over time, (step ends, seconds
+    each read's bytes spent on the link). Each (trainer, minibatch) is prepared as: ``head``
+    seconds off the link (CPU, round trips), then ``nbytes`` on the link, which carries
+    ``bandwidth`` bytes/s divided evenly between the reads on it at each moment (processor
+    sharing), ending no sooner than ``floor`` seconds after the start (a copy overlapping the
+    Gets). Hand-over, queue and steps as in ``pipeline_end``, which this equals without bytes."""
+    trainers, steps = head.shape
+    end, ready, on_link = np.full(steps, np.nan), np.full((trainers, steps), np.nan), np.zeros((trainers, steps))
+    step, phase = np.zeros(trainers, dtype=np.int64), np.full(trainers, BLOCKED)
+    at = np.full(trainers, np.nan)  # when the phase ends (HEAD, HAND), nan while not known
+    left, floor_end, link_start, started = np.zeros(trainers), np.zeros(trainers), np.zeros(trainers), np.zeros(trainers)
+    t, known = 0.0, 0  # known: steps whose end is known
+
+    def resolve() -> None:
+        nonlocal known
+        while known < steps and not np.isnan(ready[:, known]).any():
+            taken = np.maximum(end[known - 1] if known else 0.0, ready[:, known])
+            end[known] = (taken + train[:, known]).max() + sync[known]
+            known += 1
+        for r in np.flatnonzero((phase == BLOCKED) | ((phase == HAND) & np.isnan(at))):
+            j = step[r]
+            if phase[r] == BLOCKED:  # depth 0: after the previous step; else after handing the previous one over
+                begin = (0.0 if j == 0 else end[j - 1] if j - 1 < known else np.nan) if depth == 0 else \
+                    (ready[r, j - 1] if j else 0.0)
+                if not np.isnan(begin):
+                    phase[r], started[r], at[r] = HEAD, begin, begin + head[r, j]
+            elif phase[r] == HAND and np.isnan(at[r]):  # the queue has room once minibatch j - depth was taken
+                k = j - depth
+                if depth == 0 or k < 0:
+                    at[r] = t
+                elif k < known:
+                    at[r] = max(t, end[k - 1] if k else 0.0, ready[r, k])
+
+    resolve()
+    while (phase != DONE).any():
+        on = (phase == LINK) & (left > 0)
+        share = bandwidth / max(1, int(on.sum()))
+        due = np.where((phase == HEAD) | (phase == HAND), at, np.inf)
+        due = np.where(phase == LINK, np.where(left > 0, t + left / share, floor_end), due)
+        nxt = max(t, float(np.nanmin(np.where(np.isnan(due), np.inf, due))))  # a floor already passed: now
+        if nxt == np.inf:
+            raise RuntimeError("shared_link_pipeline: no thread can go on (a bug)")
+        left[on] = np.maximum(0.0, left[on] - (nxt - t) * share)
+        t = nxt
+        for r in np.flatnonzero(due <= t):
+            j = step[r]
+            if phase[r] == HEAD:
+                phase[r], left[r], link_start[r] = LINK, nbytes[r, j], t
+                floor_end[r] = started[r] + floor[r, j]
+            elif phase[r] == LINK and left[r] <= 1e-9 * max(1.0, nbytes[r, j]) and floor_end[r] <= t:
+                phase[r], at[r], left[r] = HAND, np.nan, 0.0
+                on_link[r, j] = t - link_start[r]
+            elif phase[r] == HAND:
+                ready[r, j], step[r] = t, j + 1
+                phase[r], at[r] = (DONE if j + 1 == steps else BLOCKED), np.nan
+        resolve()
+    return end, on_link
+
+
 def epoch_seconds(end: np.ndarray, epoch_of: np.ndarray, epochs: list[int]) -> list[float]:
     """Each epoch's seconds: from the end of the previous epoch's last step to its own last."""
     last = {e: float(end[epoch_of == e][-1]) for e in epochs}
@@ -120,7 +187,11 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
     slowdown = contention(m, len(sampled), depth, m.background if background is None else background)
     copying = copy * slowdown
     prepare = cpu * slowdown + np.where(beside, np.maximum(copying, comm), copying + comm)
-    return {"prepare": prepare, "comm": comm, "train": train * slowdown}
+    costs = {"prepare": prepare, "comm": comm, "train": train * slowdown}
+    if m.links == "shared" and len(sampled) > 1 and depth > 0:  # fetches at each thread's own pace (module docstring)
+        costs["link"] = {"head": cpu * slowdown + fixed + np.where(beside, 0.0, copying), "bytes": nbytes,
+                         "floor": np.where(beside, cpu * slowdown + copying, 0.0), "fixed": fixed, "bandwidth": m.bandwidth}
+    return costs
 
 
 def contention(m: Machine, trainers: int, depth: int, background: float = 0.0) -> float:
@@ -137,9 +208,15 @@ def epoch_time(costs: dict, sync: float, depth: int, epoch_of: np.ndarray, epoch
     """The modelled epoch time (``rudder.logs.metrics``' definition) at a pipeline depth, and
     the share of its steps the slowest trainer spent reading remote data."""
     timed = metrics.timed_epochs(list(range(epochs)))
-    end = pipeline_end(costs["prepare"], costs["train"], np.full(epoch_of.size, sync), depth)
+    syncs, link = np.full(epoch_of.size, sync), costs.get("link")
+    if link is None:
+        end, comm = pipeline_end(costs["prepare"], costs["train"], syncs, depth), costs["comm"]
+    else:
+        end, on_link = shared_link_pipeline(link["head"], link["bytes"], link["floor"], costs["train"], syncs, depth,
+                                            link["bandwidth"])
+        comm = link["fixed"] + on_link
     per_epoch = epoch_seconds(end, epoch_of, list(range(epochs)))
     later = np.isin(epoch_of, timed)
     span = float(np.diff(np.concatenate([[0.0], end]))[later].sum())
     return {"seconds": metrics.epoch_time([per_epoch[e] for e in timed]), "per_epoch": per_epoch,
-            "comm_share": float(costs["comm"].max(axis=0)[later].sum() / max(1e-12, span))}
+            "comm_share": float(comm.max(axis=0)[later].sum() / max(1e-12, span))}
