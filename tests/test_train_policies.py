@@ -172,6 +172,46 @@ def test_node_shared_buffer(tmp_path):
     assert any(len(set(t["slots_held"].tolist())) > 1 for t in tables["quota"])
 
 
+def test_a_node_pool_over_the_trainers_own_partitions(tmp_path):
+    """--buffer-sharing node with a partition per trainer: the two trainers of each emulated node
+    share one pool over their halos, less the rows of the node's own partitions, with the slots
+    their own buffers would have had together; filled once by one of them (degree, or vip ranked
+    by the node's trainers together), split or not, training stays bit-identical to no buffer."""
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+    from rudder.data.partition_store import read_partition
+    from rudder.prefetch.buffers import capacity_of
+
+    parts = str(tmp_path / "parts")
+    partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 4, parts, method="metis", seed=0)
+    logs = {}
+    for name, flags in (("none", ["--policy", "none"]),
+                        ("pool", ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node"]),
+                        ("quota", ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node", "--buffer-split",
+                                   "quota", "--buffer-init", "vip"])):
+        run = str(tmp_path / name)
+        proc = run_train(4, "--data", parts, "--run-dir", run, "--epochs", "4", "--batch-size", "16", "--eval-every", "0",
+                         "--progress", "none", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        logs[name] = read_logs(run)
+        assert all(log["status"] == "completed" for log in logs[name])
+    halos = {p.part_id: p for p in (read_partition(parts, k) for k in range(4))}
+    for name in ("pool", "quota"):
+        for ours, theirs in zip(logs[name], logs["none"], strict=True):
+            np.testing.assert_array_equal(ours["minibatches"]["loss"], theirs["minibatches"]["loss"])
+        assert all(log["minibatches"]["hits"].sum() > 0 for log in logs[name])
+    for name in ("pool", "quota"):
+        fills = [log["run"]["buffer_fill_rows"] for log in logs[name]]
+        assert fills[0] > 0 and fills[1] > 0 and fills[2] == fills[3] == 0  # ranks 0, 2 form node 0 and 1, 3 node 1
+        for node in ((0, 2), (1, 3)):
+            owned = np.concatenate([np.arange(halos[k].node_start, halos[k].node_end) for k in node])
+            pool = np.setdiff1d(np.union1d(halos[node[0]].halo_nodes, halos[node[1]].halo_nodes), owned)
+            capacity = min(pool.size, sum(capacity_of(0.25, halos[k].halo_nodes.size) for k in node))
+            assert [logs[name][k]["run"]["buffer_capacity"] for k in node] == [capacity, capacity]
+    assert all((log["minibatches"]["slots_held"] >= 0).all() for log in logs["quota"])
+    assert all((log["minibatches"]["slots_held"] == -1).all() for log in logs["pool"])
+
+
 SHIFT = "2:fanouts=3,3;seeds=0.5"
 
 

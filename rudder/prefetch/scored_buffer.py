@@ -56,6 +56,7 @@ from rudder.prefetch.buffers import (
     capacity_of,
     eviction_threshold,
 )
+from rudder.prefetch.node_pool import NodePool
 
 
 def _private(shape, dtype) -> np.ndarray:
@@ -74,7 +75,8 @@ def most_missed(counts: np.ndarray, k: int) -> np.ndarray:
 
 
 class ScoredBuffer(PrefetchBuffer):
-    """MassiveGNN's buffer for one trainer. ``owned`` = [start, end) of the trainer's partition.
+    """MassiveGNN's buffer for one trainer. ``owned`` = [start, end) of the trainer's partition;
+    ``capacity``: slots, instead of f x the halo (a node's pool, ``rudder.prefetch.node_pool``).
 
     Its state lives in arrays from ``alloc(shape, dtype)`` and is only ever updated in place, so
     the trainers of a node can share one buffer in shared memory (``rudder.comm.shared_memory``);
@@ -90,13 +92,14 @@ class ScoredBuffer(PrefetchBuffer):
 
     def __init__(self, settings: BufferSettings, halo: np.ndarray, halo_in_degree: np.ndarray, owned: tuple[int, int],
                  num_nodes: int, dim: int, rng: np.random.Generator, alloc=_private, initialise: bool = True,
-                 ranking: tuple[np.ndarray, np.ndarray] | None = None, trainer: int = 0, trainers: int = 1):
+                 ranking: tuple[np.ndarray, np.ndarray] | None = None, trainer: int = 0, trainers: int = 1,
+                 capacity: int | None = None):
         self.settings = s = settings
         order = np.argsort(halo, kind="stable")
         self.halo, halo_in_degree = np.asarray(halo, np.int64)[order], np.asarray(halo_in_degree)[order]
         self.index = AdmissibleIndex(self.halo, owned, num_nodes, s.scope)
         self.owned, self.num_nodes = owned, num_nodes
-        self.capacity = capacity_of(s.fraction, self.halo.size)
+        self.capacity = capacity_of(s.fraction, self.halo.size) if capacity is None else capacity
         self.decay = np.float32(1.0 - s.alpha)
         self.threshold = eviction_threshold(s.alpha, s.delta)
         B = self.capacity
@@ -160,7 +163,8 @@ class ScoredBuffer(PrefetchBuffer):
         extra = ({"alloc": shared.alloc, "initialise": shared.comm.rank == 0, "trainer": shared.comm.rank,
                   "trainers": shared.comm.size} if shared is not None else {})
         return cls(settings, partition.halo_nodes, partition.halo_in_degree, (partition.node_start, partition.node_end),
-                   num_nodes, dim, rng, ranking=ranking, **extra)
+                   num_nodes, dim, rng, ranking=ranking, capacity=partition.capacity if isinstance(partition, NodePool) else None,
+                   **extra)
 
     def _map_slots(self) -> None:
         """``slot_of`` from ``ids`` (pending tokens and sentinels map from no node)."""

@@ -113,7 +113,8 @@ class BufferSection:
     compat: str = option("none", "massivegnn: reproduce the reference code exactly, quirks included",
                          choices=("none", "massivegnn"))
     sharing: str = option("trainer", "trainer: a buffer per trainer; node: the trainers of a node share one buffer "
-                          "in shared memory (needs --partition-mode node)", name="buffer_sharing",
+                          "in shared memory (with --partition-mode trainer, a pool over their halos less the node's "
+                          "own rows, of f x the sum of their halos)", name="buffer_sharing",
                           choices=("trainer", "node"))
     split: str = option("pool", "with --buffer-sharing node: pool: any trainer replaces any slot, by the node's miss "
                         "counts; quota: each trainer replaces only the slots it holds, by its own miss counts, and "
@@ -257,8 +258,8 @@ class TrainConfig:
         need(b.policy == "fixed" or b.refill_budget == 1, "--refill-budget", b.refill_budget,
              "only with --policy fixed (an agent's structured action sets its own budget)")
         need((b.policy == "replay") == bool(b.replay), "--replay", b.replay, "a run directory, with --policy replay only")
-        need(b.sharing == "trainer" or self.data.partition_mode == "node", "--buffer-sharing", b.sharing,
-             "trainer, unless --partition-mode node (a node's trainers share one halo only then)")
+        need(b.sharing == "trainer" or self.data.partition_mode == "node" or b.scope == "halo", "--buffer-scope", b.scope,
+             "halo with --buffer-sharing node and --partition-mode trainer (a pool over the node's halos)")
         buffer_class = POLICIES[b.policy].buffer_class
         need(b.sharing == "trainer" or a.buffer == "scored", "--buffer-sharing", b.sharing,
              "trainer with --agent-buffer window (the window buffer cannot be shared)")

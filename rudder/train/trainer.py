@@ -36,6 +36,7 @@ from rudder.logs.schema import EPOCH_ROW, EPOCH_TIMERS, MINIBATCH_ROW, TRACE, TR
 from rudder.logs.writer import RunLog, log_path
 from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
+from rudder.prefetch.node_pool import gather_node_pool
 from rudder.prefetch.pipeline import MinibatchPipeline, Prepared
 from rudder.prefetch.policies import PolicyContext, make_policy
 from rudder.prefetch.vip import fill_ranking
@@ -160,11 +161,17 @@ class Trainer:
         self.policy = make_policy(cfg)
         self.shared = NodeSharedArrays(layout.node_trainers) if cfg.buffer.sharing == "node" else None
         settings, self.vip_reads, t = BufferSettings.of(cfg.buffer), ReadStats(), time.perf_counter()
-        filler = self.shared is None or self.shared.comm.rank == 0  # a node-shared buffer's filler ranks for all
+        # a node's trainers of one partition share its buffer; of their own partitions, a pool over their halos
+        pooled = self.shared is not None and layout.partition_mode == "trainer"
+        filler = self.shared is None or self.shared.comm.rank == 0  # a shared buffer's filler ranks for the node
         ranking = fill_ranking(settings, self.policy, self.adjacency, self.train_nodes, self.my_train / self.steps_per_epoch,
-                               cfg.sampling.fanouts, self.vip_reads) if filler else None
+                               cfg.sampling.fanouts, self.vip_reads) if filler or pooled else None
         self.vip_seconds = time.perf_counter() - t if ranking is not None else 0.0
-        self.features = feature_source(self.store, self.policy, settings, part, self.meta.num_nodes,
+        buffered = part
+        if pooled and self.policy.buffer_class is not None:
+            buffered, ranking = gather_node_pool(self.shared.comm, part, self.store.in_shared_memory, settings.fraction,
+                                                 ranking)
+        self.features = feature_source(self.store, self.policy, settings, buffered, self.meta.num_nodes,
                                        np.random.default_rng([cfg.training.seed, 2, layout.partition_id]), self.shared,
                                        ranking)
         self.fill = self.features.fill()
