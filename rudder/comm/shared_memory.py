@@ -2,20 +2,41 @@
 
 Each array is its own ``Win.Allocate_shared`` window on the node's trainer communicator, held by
 the node's first trainer and mapped by the others (``Shared_query``), so every trainer loads and
-stores the same memory. ``lock()`` is an exclusive passive-target lock on the first window:
-MPI serialises exclusive epochs on one target, which makes it a mutex between the processes,
-and ``Sync`` inside it orders the loads and stores (MPI's unified memory model).
+stores the same memory (MPI's unified memory model: plain loads and stores, ordered by the mutex).
+
+``lock()`` is an exclusive ``flock`` on a file in node-local memory (``/dev/shm``, else the temp
+directory) that every trainer of the node opened; the file is unlinked once all have, so a job
+that dies leaves nothing behind. It used to be an exclusive MPI passive-target lock on the first
+window, but MPICH grants that lock only when the window's owner next enters MPI: a trainer asking
+while the owner computed waited that long (900 ms behind a 1 s computation; tens of ms a
+minibatch in training, docs/results-agent.md). The kernel grants a flock at once, and taking and
+releasing it are full memory barriers, which order the stores as ``Win.Sync`` did.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
+import tempfile
 
 import numpy as np
+
+LOCK_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
 class NodeSharedArrays:
     def __init__(self, comm):
+        """Collective over ``comm`` (the trainers of one node)."""
         self.comm, self.windows = comm, []
+        path = None
+        if comm.rank == 0:
+            fd, path = tempfile.mkstemp(prefix="rudder-node-mutex-", dir=LOCK_DIR)
+            os.close(fd)
+        path = comm.bcast(path, root=0)
+        self.mutex = os.open(path, os.O_RDWR)
+        comm.Barrier()
+        if comm.rank == 0:
+            os.unlink(path)  # the open descriptors keep the file while the job runs
 
     def alloc(self, shape, dtype) -> np.ndarray:
         """Collective over ``comm``: a zeroed array every trainer of the node sees."""
@@ -34,16 +55,11 @@ class NodeSharedArrays:
 
     @contextlib.contextmanager
     def lock(self):
-        from mpi4py import MPI
-
-        win = self.windows[0]
-        win.Lock(0, MPI.LOCK_EXCLUSIVE)
-        win.Sync()
+        fcntl.flock(self.mutex, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            win.Sync()
-            win.Unlock(0)
+            fcntl.flock(self.mutex, fcntl.LOCK_UN)
 
     def close(self) -> None:
         """Collective over ``comm``."""
@@ -51,3 +67,4 @@ class NodeSharedArrays:
         for win in self.windows:
             win.Free()
         self.windows.clear()
+        os.close(self.mutex)
