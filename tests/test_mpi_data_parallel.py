@@ -16,10 +16,10 @@ def make_data(rank):
     return torch.randn(n, 5, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-@pytest.mark.parametrize("wire", ["numpy", "tensor"])
-def test_gradient_is_the_global_mean(wire):
+@pytest.mark.parametrize("wire,wait", [("numpy", "spin"), ("tensor", "spin"), ("numpy", "yield")])
+def test_gradient_is_the_global_mean(wire, wait):
     """``tensor``: MPI handed the torch tensor itself, as the device path hands it a CUDA buffer
-    (mpi4py reads both through DLPack)."""
+    (mpi4py reads both through DLPack); ``yield``: the allreduce waited for by tests and sleeps."""
     from mpi4py import MPI
 
     from rudder.train.data_parallel import GradientAllreduce, broadcast_parameters, parameter_digest
@@ -38,7 +38,7 @@ def test_gradient_is_the_global_mean(wire):
         loss = torch.nn.functional.cross_entropy(model(x), y, reduction="sum")
         loss.backward()
         loss_sum = float(loss)
-    allreduce = GradientAllreduce(comm, model)
+    allreduce = GradientAllreduce(comm, model, wait=wait)
     assert allreduce.path == "host" and allreduce.seconds_staging == 0.0
     if wire == "tensor":
         allreduce.wire_buffer = allreduce.wire

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rudder.comm import waiting
+
 # A Get moves bytes and converts nothing, so rows of any dtype travel as the unsigned integer
 # type of their item size (float16 and bfloat16 feature rows included, which MPI may not name).
 MPI_TYPES = {1: "UINT8_T", 2: "UINT16_T", 4: "UINT32_T", 8: "UINT64_T"}
@@ -92,11 +94,12 @@ class DistributedArray:
 
     ``segment_rows[p]`` is partition p's row count; ``exposer[p]`` the rank of ``comm`` holding it;
     ``fill(array)`` writes this rank's own segment (called only on exposing ranks); ``gets``:
-    ``runs``, ``indexed`` or ``auto`` (by row size; module docstring).
+    ``runs``, ``indexed`` or ``auto`` (by row size; module docstring); ``wait``: how a read waits
+    for its Gets, ``spin`` (in ``Flush``) or ``yield`` (``rudder.comm.waiting``).
     """
 
     def __init__(self, comm, segment_rows, exposer, my_part: int | None, dtype, row_shape=(), fill=None,
-                 gets: str = "auto"):
+                 gets: str = "auto", wait: str = "spin"):
         from mpi4py import MPI
 
         if gets not in GETS:
@@ -108,7 +111,7 @@ class DistributedArray:
         self.row_bytes = row_items * self.dtype.itemsize
         if gets == "auto":
             gets = "runs" if self.row_bytes >= RUNS_MIN_ROW_BYTES else "indexed"
-        self.gets = gets
+        self.gets, self.wait = gets, wait
         exposes = my_part is not None and self.exposer[my_part] == comm.rank
         rows = int(self.segment_rows[my_part]) if exposes else 0
         self.win = MPI.Win.Allocate(rows * self.row_bytes, disp_unit=self.dtype.itemsize, comm=comm)
@@ -198,10 +201,12 @@ class DistributedArray:
             else:
                 stats.rows_shared += positions.size
         if flying is None:
-            flying = self._issue_gets(remote, bounds, order, index, at, out, stats) if remote else ([], [], 0.0)
+            flying = self._issue_gets(remote, bounds, order, index, at, out, stats) if remote else ([], [], 0.0, [])
         if while_fetching is not None:
             while_fetching()
-        pending, datatypes, remote_start = flying
+        pending, datatypes, remote_start, last_gets = flying
+        if last_gets:  # wait for each owner's last Get without spinning; the Flushes then find them done
+            waiting.wait_all(last_gets, self.wait)
         for rank in pending:
             self.win.Flush(rank)
         for dt in datatypes:
@@ -211,10 +216,12 @@ class DistributedArray:
         stats.owners_touched = len(pending)
         return out, stats
 
-    def _issue_gets(self, remote: list, bounds, order, index, at, out, stats: ReadStats) -> tuple[list, list, float]:
+    def _issue_gets(self, remote: list, bounds, order, index, at, out, stats: ReadStats) -> tuple:
         """The Gets of every row of the partitions ``remote`` (no Flush): (ranks to flush,
-        datatypes to free after, when the first was issued)."""
-        pending, datatypes, remote_start = [], [], time.perf_counter()
+        datatypes to free after, when the first was issued, and with ``wait`` yield the requests
+        of each owner's last Get, issued as an ``Rget``)."""
+        pending, datatypes, remote_start, last_gets = [], [], time.perf_counter(), []
+        request = self.wait == "yield"  # an Rget's request is what a thread can test without blocking
         for part in remote:
             positions = order[bounds[part]:bounds[part + 1]]  # increasing
             local = index[positions]
@@ -222,36 +229,49 @@ class DistributedArray:
                 positions = at[positions]
             rank = int(self.exposer[part])
             if self.gets == "runs":
-                self._get_runs(out, positions, local, rank)
+                last = self._get_runs(out, positions, local, rank, request)
             else:
-                datatypes += self._get_indexed(out, positions, local, rank, part)
+                last = self._get_indexed(out, positions, local, rank, part, datatypes, request)
+            if last is not None:
+                last_gets.append(last)
             pending.append(rank)
             stats.rows_remote += positions.size
             stats.bytes_remote += positions.size * self.row_bytes
-        return pending, datatypes, remote_start
+        return pending, datatypes, remote_start, last_gets
 
     def progress(self) -> None:
         """Let MPI progress what is in flight (others' Gets of this rank's rows included) without
         waiting for anything; any thread may call it."""
         self.comm.Iprobe()
 
-    def _get_runs(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int) -> None:
-        """One contiguous Get per run of rows consecutive on both sides (no Flush)."""
+    def _get_runs(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int, request: bool):
+        """One contiguous Get per run of rows consecutive on both sides (no Flush); the last one
+        an ``Rget`` when ``request``, its request returned."""
         breaks = np.flatnonzero((np.diff(local) != 1) | (np.diff(positions) != 1)) + 1
         starts = np.concatenate([[0], breaks])
         lengths = np.diff(np.concatenate([starts, [positions.size]]))
         get, row_type, items = self.win.Get, self.row_type, self.row_items
-        for first, n, row in zip(positions[starts].tolist(), lengths.tolist(), local[starts].tolist()):
+        runs = list(zip(positions[starts].tolist(), lengths.tolist(), local[starts].tolist()))
+        for first, n, row in runs[:-1] if request else runs:
             get([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type))
+        if request:
+            first, n, row = runs[-1]
+            return self.win.Rget([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type))
+        return None
 
-    def _get_indexed(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int, part) -> list:
-        """One Get of indexed rows on both sides (no Flush); returns the datatypes to free after it."""
+    def _get_indexed(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int, part,
+                     datatypes: list, request: bool):
+        """One Get of indexed rows on both sides (no Flush), an ``Rget`` when ``request`` (its
+        request returned); the datatypes to free after it go into ``datatypes``."""
         if local.max() > np.iinfo(np.int32).max:  # MPI datatype displacements are C ints
             raise OverflowError(f"row {int(local.max())} of partition {part} is beyond the 2^31 rows one RMA read can address")
         target = self.row_type.Create_indexed_block(1, local.astype(np.int32)).Commit()
         origin = self.row_type.Create_indexed_block(1, positions.astype(np.int32)).Commit()
+        datatypes += [target, origin]
+        if request:
+            return self.win.Rget([out, 1, origin], rank, target=(0, 1, target))
         self.win.Get([out, 1, origin], rank, target=(0, 1, target))
-        return [target, origin]
+        return None
 
     def publish(self) -> None:
         """Collective over ``comm``: rows written into segments (own or same-node views) after

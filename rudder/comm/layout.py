@@ -21,6 +21,8 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from rudder.comm import waiting
+
 PARTITION_MODES = ("trainer", "node")
 
 
@@ -44,6 +46,7 @@ class Layout:
     threads_per_rank: int
     hostname: str
     cpus: list[int] = field(default_factory=list)  # this rank's CPU affinity after start-up
+    mpi_wait: str = "spin"  # how its threads wait for MPI (rudder.comm.waiting): spin or yield
 
     @property
     def trainer_rank(self) -> int:
@@ -56,7 +59,7 @@ class Layout:
                 "node_size": self.node.size, "is_agent": self.is_agent, "trainer_rank": self.trainer_rank,
                 "partition_mode": self.partition_mode, "partition_id": -1 if self.partition_id is None else self.partition_id,
                 "num_parts": self.num_parts, "num_trainers": self.num_trainers,
-                "threads_per_rank": self.threads_per_rank, "cpus": self.cpus}
+                "threads_per_rank": self.threads_per_rank, "cpus": self.cpus, "mpi_wait": self.mpi_wait}
 
 
 def cores_available() -> int:
@@ -89,7 +92,7 @@ def split_cores(allowed: list[int], agent_cores: int, is_agent: bool) -> list[in
 
 
 def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode: str = "trainer",
-                 agent_cores: int = 0, comm=None) -> Layout:
+                 agent_cores: int = 0, mpi_wait: str = "auto", comm=None) -> Layout:
     from mpi4py import MPI
 
     world = comm if comm is not None else MPI.COMM_WORLD
@@ -144,4 +147,4 @@ def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode
     if is_agent:  # Split with UNDEFINED hands agents COMM_NULL
         trainers = node_trainers = None
     return Layout(world, node, trainers, node_trainers, node_id, num_nodes, is_agent, partition_mode, partition_id,
-                  num_parts, num_trainers, threads, hostname, cpus)
+                  num_parts, num_trainers, threads, hostname, cpus, waiting.resolve(mpi_wait, threads))

@@ -69,7 +69,8 @@ class FeatureStore(NodeRows):
         self.encoding = enc = meta.feature_encoding
         super().__init__(meta, DistributedArray(
             layout.trainers, [p.num_owned for p in meta.parts], exposer, layout.partition_id, enc.stored_dtype,
-            (enc.width,), fill=lambda own: read_stored_features(data_dir, layout.partition_id, meta, out=own), gets=gets))
+            (enc.width,), fill=lambda own: read_stored_features(data_dir, layout.partition_id, meta, out=own), gets=gets,
+            wait=layout.mpi_wait))
         self.dim = meta.feat_dim
 
     def gather(self, gids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from rudder.comm.dist_array import GETS
 from rudder.comm.layout import PARTITION_MODES
+from rudder.comm.waiting import WAITS
 from rudder.data.adjacency import REPLICATE_MAX_BYTES, TOPOLOGIES
 from rudder.logs import checkpoints
 from rudder.prefetch.buffers import INIT_MODES, SCOPES, SPLITS
@@ -93,6 +94,11 @@ class TrainingSection:
     stall_timeout: float = option(600.0, "end the whole job, with one line naming the rank and what it waited for, when "
                                   "a trainer makes no progress for this many seconds (a dead link, a hung rank); 0: never",
                                   resumable=True, check=(lambda v: v >= 0, "0 (never) or a number of seconds"))
+    mpi_wait: str = option("auto", "how a thread waits for MPI (the gradient allreduce, feature and adjacency Gets): "
+                           "spin (MPI's blocking calls, which poll until done), yield (test, sleeping up to 0.1 ms between "
+                           "tests, leaving the cores to the threads with work), auto (yield where a rank has fewer cores "
+                           "than its 2 threads, as with ranks oversubscribed on one host; spin otherwise)", choices=WAITS,
+                           resumable=True)
 
 
 @dataclass

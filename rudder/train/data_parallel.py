@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rudder.comm import waiting
+
 
 @dataclass
 class StepTotals:
@@ -37,11 +39,11 @@ class GradientAllreduce:
     EXTRAS = 4  # seeds, loss sum, stop flag, checkpoint flag
     PATHS = ("host", "staged", "device")  # where MPI reads and writes the flat buffer
 
-    def __init__(self, comm, module: torch.nn.Module, device_buffer: bool = False):
+    def __init__(self, comm, module: torch.nn.Module, device_buffer: bool = False, wait: str = "spin"):
         """Gradients on the CPU: one host buffer (path ``host``). On a GPU: gathered into a
         device buffer that MPI reads directly when ``device_buffer`` (a CUDA-aware MPI: path
         ``device``), else copied through a pinned host buffer (path ``staged``)."""
-        self.comm = comm
+        self.comm, self.wait = comm, wait
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
         device = self.params[0].device if self.params else torch.device("cpu")
@@ -67,7 +69,8 @@ class GradientAllreduce:
             self.flat[:self.numel].zero_()
         self.flat[self.numel:] = torch.tensor([num_seeds, loss_sum, float(stop), float(checkpoint)])
         self._to_wire()
-        self.comm.Allreduce(MPI.IN_PLACE, self.wire_buffer, op=MPI.SUM)
+        # Nonblocking whatever the wait, so that spin and yield reduce in the same order
+        waiting.wait_all([self.comm.Iallreduce(MPI.IN_PLACE, self.wire_buffer, op=MPI.SUM)], self.wait)
         self._from_wire()
         seeds, loss, stops, checkpoints = (float(x) for x in self.wire[self.numel:].tolist())
         if seeds > 0:

@@ -36,7 +36,7 @@ def evaluate(model, layout, meta, partition, features: NodeRows, adjacency, expo
     hidden_rows, current = None, features
     for layer in range(num_layers - 1):
         rows = DistributedArray(layout.trainers, [p.num_owned for p in meta.parts], exposer, pid, np.float32,
-                                (model.widths[layer + 1],))
+                                (model.widths[layer + 1],), wait=layout.mpi_wait)
         target = rows.views.get(pid)
         shared_ok = layout.node_trainers.allreduce(target is not None, op=MPI.LAND)
         mine = my_share(owned, layout) if shared_ok else (owned if rows.own.shape[0] else owned[:0])

@@ -151,7 +151,7 @@ class Trainer:
         choice = cfg.model.gpu_allreduce
         device_buffer = choice == "device" or (choice == "auto" and bool(self.mpi_cuda_support))
         device_buffer = self.layout.trainers.bcast(device_buffer, root=0)
-        self.allreduce = GradientAllreduce(self.layout.trainers, self.model, device_buffer)
+        self.allreduce = GradientAllreduce(self.layout.trainers, self.model, device_buffer, wait=self.layout.mpi_wait)
         start = self.partition.node_start
         self.stager = InputStager(self.model, self.device, lambda seeds: self.partition.labels[seeds - start])
 

@@ -59,7 +59,8 @@ for layer, fanout in zip(mb.layers, [4, 6]):
 assert mb.stats.rows_remote > 0, "the sampler read no remote adjacency"
 
 # Every way of issuing the Gets reads the same entries (with repeats, in any order): per run,
-# indexed, and by row size; 1-D and 2-D rows.
+# indexed, and by row size; 1-D and 2-D rows; waited for in Flush (spin) or by testing the last
+# Rget of each owner (yield).
 from rudder.comm.dist_array import DistributedArray  # noqa: E402
 
 exposer = exposer_table(layout, meta.num_parts)
@@ -68,17 +69,17 @@ for row_shape in [(), (3,)]:
     sizes = [p.num_in_edges for p in meta.parts]
     truth_rows = [np.arange(n * max(1, int(np.prod(row_shape))), dtype=np.int64).reshape((n, *row_shape)) + 10**6 * p
                   for p, n in enumerate(sizes)]
-    for gets in ("runs", "indexed", "auto"):
+    for gets, wait in (("runs", "spin"), ("indexed", "spin"), ("auto", "spin"), ("runs", "yield"), ("indexed", "yield")):
         arr = DistributedArray(layout.trainers, sizes, exposer, layout.partition_id, np.int64, row_shape,
                                fill=lambda own, rows=truth_rows: own.__setitem__(slice(None), rows[layout.partition_id]),
-                               gets=gets)
+                               gets=gets, wait=wait)
         want_parts = rng.integers(0, meta.num_parts, size=2000)
         want_index = (rng.random(2000) * np.asarray(sizes)[want_parts]).astype(np.int64)
         want_index[::7] = want_index[0] if sizes[want_parts[0]] else 0  # repeats
         want_parts[::7] = want_parts[0]
         got, s = arr.read(want_parts, want_index)
         expect = np.stack([truth_rows[p][i] for p, i in zip(want_parts, want_index)])
-        assert np.array_equal(got, expect), f"gets={gets} row_shape={row_shape}: wrong rows"
+        assert np.array_equal(got, expect), f"gets={gets} wait={wait} row_shape={row_shape}: wrong rows"
         assert s.rows_remote == int(np.isin(want_parts, [p for p in range(meta.num_parts) if p not in arr.views]).sum())
         arr.close()
 adjacency.close()
