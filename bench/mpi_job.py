@@ -64,6 +64,12 @@ def bench_datasets(rmat_scale: int, feat_dim: int) -> dict:
     return datasets
 
 
+def label_flags(label: str) -> list[str]:
+    """drivers/train.py's policy flags for a benchmark run labelled by a policy's name, or
+    ``none-serial``: no buffer and no overlap (the DistDGL baseline's order)."""
+    return ["--policy", "none", "--no-overlap"] if label == "none-serial" else ["--policy", label]
+
+
 def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[str], wrapper: list[str] = (),
               repo: str | None = None) -> list[str]:
     """``mpiexec -n RANKS python drivers/train.py`` on PARTS into RUN_DIR (replacing an earlier run),

@@ -19,12 +19,11 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.mpi_job import bench_datasets, cached_partition, train_job  # noqa: E402
+from bench.mpi_job import bench_datasets, cached_partition, label_flags, train_job  # noqa: E402
 from rudder.logs import metrics  # noqa: E402
 from rudder.logs.reader import read_rank  # noqa: E402
 
 MODES = ("spin", "yield")
-POLICY_FLAGS = {"none-serial": ["--policy", "none", "--no-overlap"], "none": ["--policy", "none"]}
 
 
 def cpu_ticks() -> list[int]:
@@ -34,7 +33,7 @@ def cpu_ticks() -> list[int]:
 
 
 def one_run(parts: str, run_dir: str, ranks: int, policy: str, mode: str, a) -> dict:
-    flags = [*POLICY_FLAGS.get(policy, ["--policy", policy]), "--mpi-wait", mode, "--epochs", str(a.epochs),
+    flags = [*label_flags(policy), "--mpi-wait", mode, "--epochs", str(a.epochs),
              "--batch-size", str(a.batch_size), "--buffer-fraction", str(a.fraction)]
     wrapper = [sys.executable, "-m", "rudder.netem", "--rate", a.rate, "--links", a.links, "--nodes", str(ranks), "--"]
     before = cpu_ticks()

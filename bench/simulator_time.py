@@ -22,14 +22,13 @@ import subprocess
 import sys
 import time
 
-from mpi_job import bench_datasets, cached_partition
+from mpi_job import bench_datasets, cached_partition, label_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 MPIEXEC = os.path.join(os.path.dirname(PY), "mpiexec")
-POLICY_FLAGS = {"none-serial": ["--policy", "none", "--no-overlap"], "none": ["--policy", "none"],
-                "static": ["--policy", "static"], "fixed": ["--policy", "fixed", "--delta", "8"],
-                "lookahead": ["--policy", "lookahead"]}
+POLICY_FLAGS = {label: label_flags(label) + (["--delta", "8"] if label == "fixed" else [])
+                for label in ("none-serial", "none", "static", "fixed", "lookahead")}
 
 
 def env() -> dict:
