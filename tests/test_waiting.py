@@ -33,5 +33,8 @@ def test_a_wait_completes_the_requests(mode):
     cpu, wall = time.thread_time() - start_cpu, time.perf_counter() - start
     late.join()
     assert got.tolist() == [0, 1, 2, 3] and wall >= 0.25
-    if mode == "yield":  # asleep between tests: a few ms of CPU over the 0.3 s wait
-        assert cpu < 0.1 * wall, (cpu, wall)
+    if mode == "yield":
+        # Asleep between tests. MPI's own wait polls for the whole 0.3 s (a core's worth, on an
+        # idle host); ~2,000 wake-ups of a yielding wait took 10% of it on a loaded CI host
+        # (each test drives MPICH's progress engine), so half the wall separates the two.
+        assert cpu < 0.5 * wall, (cpu, wall)
