@@ -96,6 +96,48 @@ def test_a_long_shared_memory_copy_overlaps_the_gets_and_a_short_one_precedes_th
     np.testing.assert_allclose(timing.step_costs(m, sampled, [hits], 1, depth=1)["prepare"][0][0], copy[0] + comm[0])
 
 
+def _steps(trainers: int, steps: int, cpu: float, link_bytes: float) -> tuple[list, list]:
+    """Counts for ``trainers`` x ``steps`` minibatches: ``cpu`` seconds of sampling each (as its
+    sampled edges at one second an edge) and ``link_bytes`` off-node bytes of features."""
+    one = np.ones(steps)
+    sampled = [dict(edges=cpu * one, input_nodes=0 * one, flops=one, sample_seconds=0 * one,
+                    adjacency_bytes_remote=0 * one, adjacency_rounds=0 * one) for _ in range(trainers)]
+    fetched = [dict(rows_rma=one, decisions_at=0 * one, fetch_seconds=0 * one, bytes_rma=link_bytes * one,
+                    hits=0 * one, fetch_rounds=0 * one) for _ in range(trainers)]
+    return sampled, fetched
+
+
+def test_yielding_threads_share_the_cores_only_while_busy():
+    """Spinning, every thread is runnable; yielding, only busy ones are: the slowdown is spinning's
+    with every thread busy, falls with the busy shares, and the training threads (which compute
+    together) see all of theirs. modelled_epoch settles on a slowdown that the busy shares of its
+    own epoch reproduce, and yielding is never slower than spinning."""
+    m = Machine(**{**HOST, "latency": 0.0, "sample_edge": 1.0, "cores": 2})
+    spin = timing.contention(m, 4, 1, 0.5)
+    assert spin == timing.Slowdown(4.25, 4.25)
+    assert timing.yielding_slowdown(m, 4, 1, 0.5, timing.Slowdown(1.0, 1.0)) == spin
+    assert timing.yielding_slowdown(m, 4, 1, 0.0, timing.Slowdown(0.0, 0.0)) == timing.Slowdown(1.0, 2.0)
+    assert timing.yielding_slowdown(m, 4, 1, 0.0, timing.Slowdown(0.5, 0.25)) == timing.Slowdown(1.75, 3.0)
+    assert timing.yielding_slowdown(m, 4, 0, 0.0, timing.Slowdown(0.0, 0.0)) == timing.contention(m, 4, 0)
+    epoch_of = np.repeat(np.arange(3), 10)
+    for cpu, link_bytes, bound in ((0.5, 1.0, "link"), (1.0, 0.0, "cpu")):
+        sampled, fetched = _steps(4, 30, cpu, link_bytes)
+        spun = timing.modelled_epoch(m, sampled, fetched, 1, 1, 0.0, epoch_of, 3, 0.0, "spin")
+        out = timing.modelled_epoch(m, sampled, fetched, 1, 1, 0.0, epoch_of, 3, 0.0, "yield")
+        assert spun["slowdown"] == timing.contention(m, 4, 1) and out["seconds"] <= spun["seconds"] + 1e-9
+        work = timing.step_costs(m, sampled, fetched, 1, 1, 0.0, out["slowdown"])["work"]
+        span = sum(out["per_epoch"])
+        busy = timing.Slowdown(min(1.0, work.prepare * out["slowdown"].prepare / (4 * span)),
+                               min(1.0, work.train * out["slowdown"].train / (4 * span)))
+        again = timing.yielding_slowdown(m, 4, 1, 0.0, busy)
+        assert again.prepare == pytest.approx(out["slowdown"].prepare, abs=2e-3)
+        assert again.train == pytest.approx(out["slowdown"].train, abs=2e-3)
+        if bound == "link":  # 4 bytes a step at 1 byte/s against 0.5 s of CPU: pipeline threads often asleep
+            assert out["slowdown"].prepare < 2.0 < spin.prepare and out["seconds"] < 0.9 * spun["seconds"]
+        else:  # preparing takes as long as training, with nothing to wait for: every thread busy, as spinning
+            assert out["seconds"] == pytest.approx(spun["seconds"], rel=0.03)  # less the pipeline's start
+
+
 def test_links_divide_bandwidth_as_their_topology_does():
     b = np.array([[1.0], [2.0], [3.0]])
     own = timing.link_seconds(b, Machine(**{**HOST, "links": "per-trainer"}))

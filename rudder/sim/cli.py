@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+from rudder.comm import waiting as waits
 from rudder.data.partition_store import PartitionFormatError
 from rudder.logs.reader import LogError
 from rudder.prefetch.policies import POLICIES
@@ -134,7 +135,10 @@ def main(argv=None) -> int:
                 print(f"  {done}/{total} trainers simulated ({time.time() - t:.0f} s)", flush=True)
 
         result = simulate(base, policies, machine, sim["feat_dim"] or None, sim["workers"], graph, progress)
-        summary = summarize(result, epochs, machine, base.sampling.prefetch_depth)
+        # its trainers' threads wait as a run on that machine's host would (rudder.comm.layout's rule)
+        waiting = (waits.resolve(base.training.mpi_wait, max(1, machine.cores // result["parts"]))
+                   if machine is not None and machine.cores else "spin")
+        summary = summarize(result, epochs, machine, base.sampling.prefetch_depth, waiting)
         summary.update(data=base.data.path, dataset=graph.meta.dataset, config=json.loads(base.to_json()),
                        seconds=time.time() - t)
         shifted = "".join(f", from epoch {p['first_epoch']} {p['steps_per_epoch']} of {p['batch_size']} (fanouts "

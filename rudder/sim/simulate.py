@@ -207,10 +207,10 @@ def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | Non
             "policies": {label: {p: r[1][label] for p, r in sorted(results.items())} for label in policies}}
 
 
-def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1) -> dict:
+def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1, waiting: str = "spin") -> dict:
     """Per policy: remote rows fetched per epoch (all trainers, over the timed epochs), the
     initial fill, hit %, decisions, and modelled epoch seconds without overlap and with the
-    pipeline ``depth`` (at least 1)."""
+    pipeline ``depth`` (at least 1), the threads waiting for MPI as ``waiting`` (spin, yield) says."""
     parts, steps = result["parts"], result["steps_per_epoch"]
     sampled = [result["sampled"][p] for p in range(parts)]
     epoch_of = sampled[0].epoch  # the same schedule shape on every trainer
@@ -228,17 +228,16 @@ def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1
                "hit_percent": metrics.hit_percent(int(cols["hits"].sum()), int(cols["misses"].sum())),
                "replacements": int(cols["replaced"].sum()), "decisions": int(sum(f["decisions"] for f in fetched))}
         if machine is not None:
-            serial = timing.epoch_time(timing.step_costs(machine, sampled, fetched, result["feat_dim"], 0), sync, 0,
-                                       epoch_of, epochs)
-            costs = timing.step_costs(machine, sampled, fetched, result["feat_dim"], max(1, depth))
+            serial, overlapped = (timing.modelled_epoch(machine, sampled, fetched, result["feat_dim"], d, sync, epoch_of,
+                                                        epochs, waiting=waiting) for d in (0, max(1, depth)))
             row["epoch_seconds"] = serial["seconds"]
-            row["epoch_seconds_overlap"] = timing.epoch_time(costs, sync, max(1, depth), epoch_of, epochs)["seconds"]
+            row["epoch_seconds_overlap"] = overlapped["seconds"]
             row["comm_share"] = serial["comm_share"]
         out[label] = row
     return {"parts": parts, "steps_per_epoch": steps, "batch_size": result["batch_size"], "phases": result["phases"],
             "feat_dim": result["feat_dim"],
             "epochs_counted": "2.." + str(epochs) if epochs > 1 else "1", "allreduce_seconds": sync,
-            "machine": dataclasses.asdict(machine) if machine else None, "policies": out}
+            "machine": dataclasses.asdict(machine) if machine else None, "mpi_wait": waiting, "policies": out}
 
 
 def table(summary: dict) -> str:

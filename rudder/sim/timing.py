@@ -17,6 +17,8 @@ is the median over epochs 2..E (``rudder.logs.metrics``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from rudder.comm.dist_array import COPY_FIRST_MAX_BYTES
@@ -151,11 +153,51 @@ def epoch_seconds(end: np.ndarray, epoch_of: np.ndarray, epochs: list[int]) -> l
     return [last[e] - (last[e - 1] if e - 1 in last else 0.0) for e in epochs]
 
 
+@dataclass(frozen=True)
+class Slowdown:
+    """How many times longer CPU work takes on shared cores than on a core of its own: a pipeline
+    thread's preparing and a training thread's step (or, in ``step_costs``' ``work``, the
+    seconds of each at one core's speed, summed over trainers and steps)."""
+    prepare: float
+    train: float
+
+
+def contention(m: Machine, trainers: int, depth: int, background: float = 0.0) -> Slowdown:
+    """How much slower CPU work runs when the trainers' threads share ``m.cores`` (with
+    ``background`` runnable threads of other jobs) and every thread that has work or waits in MPI
+    is runnable (``--mpi-wait spin``: MPI's waits poll), the cores shared evenly. Without overlap
+    a trainer has one thread; with it, its pipeline thread too."""
+    if not m.cores:
+        return Slowdown(1.0, 1.0)
+    s = max(1.0, (trainers * (2 if depth else 1) + background) / m.cores)
+    return Slowdown(s, s)
+
+
+def yielding_slowdown(m: Machine, trainers: int, depth: int, background: float, busy: Slowdown) -> Slowdown:
+    """``contention`` where waiting threads sleep (``--mpi-wait yield``): only threads with work
+    share the cores. ``busy``: the share of the epoch a pipeline thread (``prepare``) and a
+    training thread (``train``) spend on CPU work, on average. The training threads compute
+    together (each step starts when the allreduce before it ends), so while one trains, every
+    training thread does, beside the pipeline threads that are busy then; while a pipeline thread
+    prepares, the others are busy at their mean share and the training threads at theirs. Without
+    overlap the trainers prepare and train together, one thread each."""
+    if not m.cores:
+        return Slowdown(1.0, 1.0)
+    if not depth:
+        s = max(1.0, (trainers + background) / m.cores)
+        return Slowdown(s, s)
+    n = trainers
+    return Slowdown(prepare=max(1.0, (1 + (n - 1) * busy.prepare + n * busy.train + background) / m.cores),
+                    train=max(1.0, (n + n * busy.prepare + background) / m.cores))
+
+
 def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, depth: int,
-               background: float | None = None) -> dict:
+               background: float | None = None, slowdown: Slowdown | None = None) -> dict:
     """(trainers, steps) arrays of a policy's prepare and train seconds at a pipeline depth:
     ``sampled``: each trainer's ``Sampled``; ``fetched``: its replay columns; ``background``:
-    other jobs' runnable threads (default: the machine's)."""
+    other jobs' runnable threads (default: the machine's); ``slowdown``: how much slower the CPU
+    work runs on the shared cores (default: every thread runnable, ``contention``). ``work``: the
+    same CPU work at one core's speed (preparing and training), which ``yielding_slowdown`` needs."""
     def stack(rows, name):
         return np.stack([getattr(r, name) if hasattr(r, name) else r[name] for r in rows]).astype(np.float64)
 
@@ -184,24 +226,17 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
              + 2 * m.latency * decisions)
     nbytes = stack(sampled, "adjacency_bytes_remote") + bytes_rma + AGENT_MESSAGE_BYTES * decisions
     comm = fixed + link_seconds(nbytes, m)
-    slowdown = contention(m, len(sampled), depth, m.background if background is None else background)
-    copying = copy * slowdown
-    prepare = cpu * slowdown + np.where(beside, np.maximum(copying, comm), copying + comm)
-    costs = {"prepare": prepare, "comm": comm, "train": train * slowdown}
+    if slowdown is None:
+        slowdown = contention(m, len(sampled), depth, m.background if background is None else background)
+    copying = copy * slowdown.prepare
+    prepare = cpu * slowdown.prepare + np.where(beside, np.maximum(copying, comm), copying + comm)
+    costs = {"prepare": prepare, "comm": comm, "train": train * slowdown.train, "slowdown": slowdown,
+             "work": Slowdown(prepare=float((cpu + copy).sum()), train=float(train.sum()))}
     if m.links == "shared" and len(sampled) > 1 and depth > 0:  # fetches at each thread's own pace (module docstring)
-        costs["link"] = {"head": cpu * slowdown + fixed + np.where(beside, 0.0, copying), "bytes": nbytes,
-                         "floor": np.where(beside, cpu * slowdown + copying, 0.0), "fixed": fixed, "bandwidth": m.bandwidth}
+        costs["link"] = {"head": cpu * slowdown.prepare + fixed + np.where(beside, 0.0, copying), "bytes": nbytes,
+                         "floor": np.where(beside, (cpu + copy) * slowdown.prepare, 0.0), "fixed": fixed,
+                         "bandwidth": m.bandwidth}
     return costs
-
-
-def contention(m: Machine, trainers: int, depth: int, background: float = 0.0) -> float:
-    """How much slower CPU work runs when the trainers' threads share ``m.cores`` (with
-    ``background`` runnable threads of other jobs): every thread that has work or waits in MPI
-    (which polls) is runnable, and the cores are shared evenly. Without overlap a trainer has one
-    thread; with it, its pipeline thread too."""
-    if not m.cores:
-        return 1.0
-    return max(1.0, (trainers * (2 if depth else 1) + background) / m.cores)
 
 
 def epoch_time(costs: dict, sync: float, depth: int, epoch_of: np.ndarray, epochs: int) -> dict:
@@ -220,3 +255,32 @@ def epoch_time(costs: dict, sync: float, depth: int, epoch_of: np.ndarray, epoch
     span = float(np.diff(np.concatenate([[0.0], end]))[later].sum())
     return {"seconds": metrics.epoch_time([per_epoch[e] for e in timed]), "per_epoch": per_epoch,
             "comm_share": float(comm.max(axis=0)[later].sum() / max(1e-12, span))}
+
+
+def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, depth: int, sync: float,
+                   epoch_of: np.ndarray, epochs: int, background: float | None = None, waiting: str = "spin") -> dict:
+    """``epoch_time`` of a policy's ``step_costs``, with the cores shared as ``waiting`` (a resolved
+    ``--mpi-wait``) shares them, and the ``slowdown`` it came to. Spinning, every thread is always
+    runnable (``contention``). Yielding, the slowdown depends on how busy the threads are, which
+    depends on how long the epoch takes: from every thread busy (spinning's slowdown, an upper
+    bound), each pass sets the slowdown from the busy shares of the epoch modelled with the last
+    one, which only lowers it, until it settles."""
+    background = m.background if background is None else background
+    slowdown = contention(m, len(sampled), depth, background)
+    for _ in range(MAX_PASSES):
+        costs = step_costs(m, sampled, fetched, feat_dim, depth, background, slowdown)
+        out = epoch_time(costs, sync, depth, epoch_of, epochs)
+        if waiting == "spin" or not m.cores:
+            break
+        n, span, work = len(sampled), max(1e-12, sum(out["per_epoch"])), costs["work"]
+        busy = Slowdown(prepare=min(1.0, work.prepare * slowdown.prepare / (n * span)),
+                        train=min(1.0, work.train * slowdown.train / (n * span)))
+        settled = yielding_slowdown(m, n, depth, background, busy)
+        if abs(settled.prepare - slowdown.prepare) < SETTLED and abs(settled.train - slowdown.train) < SETTLED:
+            break
+        slowdown = settled
+    return {**out, "slowdown": slowdown}
+
+
+MAX_PASSES = 50  # of modelled_epoch's fixed point; it settles in a few
+SETTLED = 1e-3  # a slowdown that moved less than this between passes has settled

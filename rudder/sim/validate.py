@@ -124,9 +124,10 @@ def compare_epoch_time(run, cfg: TrainConfig, result: dict, machine) -> dict:
     sampled = [result["sampled"][p] for p in range(parts)]
     fetched = [result["policies"][cfg.buffer.policy][p] for p in range(parts)]
     background = background_load(run.path)
-    costs = timing.step_costs(machine, sampled, fetched, result["feat_dim"], cfg.sampling.prefetch_depth, background)
     sync = timing.allreduce_seconds(result["params"], parts, machine)
-    predicted = timing.epoch_time(costs, sync, cfg.sampling.prefetch_depth, sampled[0].epoch, cfg.training.epochs)
+    waiting = run.ranks[0].layout.get("mpi_wait", "spin")  # runs before --mpi-wait spun
+    predicted = timing.modelled_epoch(machine, sampled, fetched, result["feat_dim"], cfg.sampling.prefetch_depth, sync,
+                                      sampled[0].epoch, cfg.training.epochs, background, waiting)
     measured = metrics.run_epoch_time(tables)
     guess = metrics.epoch_time([predicted["per_epoch"][e] for e in timed])
     slowest = metrics.slowest_seconds(tables, timed)
@@ -137,4 +138,5 @@ def compare_epoch_time(run, cfg: TrainConfig, result: dict, machine) -> dict:
             "wait_share": float(waited / slowest.sum()) if slowest.sum() else None,
             "predicted_comm_share": predicted["comm_share"], "machine": machine.name, "rate": machine.rate,
             "links": machine.links, "depth": cfg.sampling.prefetch_depth,
-            "background": machine.background if background is None else background}
+            "background": machine.background if background is None else background, "mpi_wait": waiting,
+            "slowdown": dataclasses.asdict(predicted["slowdown"])}
