@@ -17,7 +17,8 @@ measures, in one 3-rank job, every rank a node (run it behind ``python -m rudder
 shaped link, as bench/calibrate_machine.py does), what the simulator's machine profile needs of a
 Get between nodes: rank 0 reads rank 1's rows; the round trip of a one-row read, alone and while
 rank 2 reads bulk rows of rank 1 over the link; the bandwidth of large indexed reads; and the
-cost of one Get call (many small rows read one Get per row). Rank 0 prints one JSON line of medians.
+cost of one Get call (many small rows read one Get per row); and the host's CPU that moving bytes
+and a yielding wait cost (/proc/stat, every wait asleep). Rank 0 prints one JSON line of medians.
 """
 from __future__ import annotations
 
@@ -106,6 +107,7 @@ def calibrate(a) -> None:
     sys.path.insert(0, REPO)
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
+    from rudder.comm import waiting
     from rudder.comm.layout import build_layout
     from rudder.data.feature_store import FeatureStore
     from rudder.data.partition_store import PartitionMeta
@@ -163,12 +165,46 @@ def calibrate(a) -> None:
                 took.append(timed(("narrow", "indexed"), 1)[0])
             loaded += took[1:]
         comm.Barrier()
+    # the host's CPU that moving bytes costs (the kernel's TCP path, MPI's progress on both ends):
+    # the bulk read with every rank's wait asleep (yielding), against as long a time of the same
+    # waits with nothing moving, which is itself what a yielding wait costs (the other ranks wait
+    # while rank 0 sleeps)
+    bulk_cpu, idle_cpu = [], []
+    store = FeatureStore(build_layout(meta.num_parts, mpi_wait="yield"), meta, os.path.join(a.workdir, "wide"))
+    stores["wide", "yield"] = store, meta
+    for _ in range(a.reps):
+        for moving, out in ((True, bulk_cpu), (False, idle_cpu)):
+            comm.Barrier()
+            before, t0 = busy_seconds(), time.perf_counter()
+            reads = 0
+            while comm.rank == 0 and time.perf_counter() - t0 < CPU_PROBE_S:  # long against /proc/stat's ticks
+                if moving:
+                    store.gather(meta.offsets[1] + np.arange(big_rows))
+                    reads += 1
+                else:
+                    time.sleep(0.05)
+            waiting.wait_all([comm.Ibarrier()], "yield")
+            out.append((busy_seconds() - before, time.perf_counter() - t0, reads))
     for store, _ in stores.values():
         store.close()
     if comm.rank == 0:
+        cpu_per_byte = max(0.0, float(np.median([(b - i * tb / ti) / (reads * big_rows * 4096) for (b, tb, reads),
+                                                 (i, ti, _) in zip(bulk_cpu, idle_cpu)])))
         print(json.dumps({"small_get_s": small, "loaded_small_get_s": float(np.median(loaded)) if loaded else None,
                           "bulk_bytes": big_rows * 4096, "bulk_s": big, "runs": [[n_few, few], [n_many, many]],
-                          "runs_row_bytes": 64, "reps": a.reps}))
+                          "runs_row_bytes": 64, "byte_cpu_s": cpu_per_byte,
+                          "yield_wait_cores": float(np.median([i / ti for i, ti, _ in idle_cpu])) / (comm.size - 1),
+                          "reps": a.reps}))
+
+
+CPU_PROBE_S = 1.5  # seconds of bulk reads (and of idling) per measurement of the CPU that bytes cost
+
+
+def busy_seconds() -> float:
+    """The host's CPU seconds not idle so far, all cores (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 (rudder.sim.machine): a round trip, the machine picked by rate, and bad files as one line."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -134,6 +135,11 @@ def test_yielding_threads_share_the_cores_only_while_busy():
         assert again.train == pytest.approx(out["slowdown"].train, abs=2e-3)
         if bound == "link":  # 4 bytes a step at 1 byte/s against 0.5 s of CPU: pipeline threads often asleep
             assert out["slowdown"].prepare < 2.0 < spin.prepare and out["seconds"] < 0.9 * spun["seconds"]
+            # moving bytes and yielding waits take CPU too: a higher slowdown, a longer epoch, in either mode
+            busier = dataclasses.replace(m, byte_cpu=0.05, wait_cpu=0.1)
+            for mode, base in (("spin", spun), ("yield", out)):
+                more = timing.modelled_epoch(busier, sampled, fetched, 1, 1, 0.0, epoch_of, 3, 0.0, mode)
+                assert more["slowdown"].train > base["slowdown"].train and more["seconds"] > base["seconds"]
         else:  # preparing takes as long as training, with nothing to wait for: every thread busy, as spinning
             assert out["seconds"] == pytest.approx(spun["seconds"], rel=0.03)  # less the pipeline's start
 

@@ -93,4 +93,4 @@ def link_figures(probe: dict) -> dict:
     (n_few, t_few), (n_many, t_many) = probe["runs"]
     get_call = max(0.0, (t_many - t_few - (n_many - n_few) * probe["runs_row_bytes"] / bandwidth) / (n_many - n_few))
     return {"latency": latency, "loaded_latency": probe.get("loaded_small_get_s") or latency, "bandwidth": bandwidth,
-            "get_call": get_call}
+            "get_call": get_call, "byte_cpu": probe.get("byte_cpu_s", 0.0), "wait_cpu": probe.get("yield_wait_cores", 0.0)}

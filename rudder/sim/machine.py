@@ -33,6 +33,8 @@ class Machine:
     loaded_latency: float = 0.0  # a read's round trip while other trainers' bulk reads fill the link (0: latency)
     cores: int = 0  # cores every trainer's threads share (0: each trainer has its own); CPU figures are one core's
     background: float = 0.0  # other runnable threads on those cores (other jobs), as when calibrated
+    byte_cpu: float = 0.0  # CPU seconds on those cores per off-node byte moved (kernel TCP path, MPI progress)
+    wait_cpu: float = 0.0  # cores a yielding MPI wait keeps busy with its tests (--mpi-wait yield)
     sample_step: float = 0.0  # sampling CPU: seconds per minibatch
     sample_edge: float = 0.0  # ... and per sampled edge
     assemble_step: float = 0.0  # feature assembly CPU (lookup, copies, widening, settle): per minibatch

@@ -231,7 +231,7 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
     copying = copy * slowdown.prepare
     prepare = cpu * slowdown.prepare + np.where(beside, np.maximum(copying, comm), copying + comm)
     costs = {"prepare": prepare, "comm": comm, "train": train * slowdown.train, "slowdown": slowdown,
-             "work": Slowdown(prepare=float((cpu + copy).sum()), train=float(train.sum()))}
+             "work": Slowdown(prepare=float((cpu + copy).sum()), train=float(train.sum())), "bytes": float(nbytes.sum())}
     if m.links == "shared" and len(sampled) > 1 and depth > 0:  # fetches at each thread's own pace (module docstring)
         costs["link"] = {"head": cpu * slowdown.prepare + fixed + np.where(beside, 0.0, copying), "bytes": nbytes,
                          "floor": np.where(beside, (cpu + copy) * slowdown.prepare, 0.0), "fixed": fixed,
@@ -254,28 +254,35 @@ def epoch_time(costs: dict, sync: float, depth: int, epoch_of: np.ndarray, epoch
     later = np.isin(epoch_of, timed)
     span = float(np.diff(np.concatenate([[0.0], end]))[later].sum())
     return {"seconds": metrics.epoch_time([per_epoch[e] for e in timed]), "per_epoch": per_epoch,
-            "comm_share": float(comm.max(axis=0)[later].sum() / max(1e-12, span))}
+            "comm_share": float(comm.max(axis=0)[later].sum() / max(1e-12, span)), "comm_seconds": float(comm.sum())}
 
 
 def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, depth: int, sync: float,
                    epoch_of: np.ndarray, epochs: int, background: float | None = None, waiting: str = "spin") -> dict:
     """``epoch_time`` of a policy's ``step_costs``, with the cores shared as ``waiting`` (a resolved
     ``--mpi-wait``) shares them, and the ``slowdown`` it came to. Spinning, every thread is always
-    runnable (``contention``). Yielding, the slowdown depends on how busy the threads are, which
-    depends on how long the epoch takes: from every thread busy (spinning's slowdown, an upper
-    bound), each pass sets the slowdown from the busy shares of the epoch modelled with the last
-    one, which only lowers it, until it settles."""
+    runnable (``contention``); yielding, only busy ones are (``yielding_slowdown``), and each
+    yielding wait keeps ``wait_cpu`` of a core busy. Moving the bytes keeps ``byte_cpu`` seconds a
+    byte of the cores busy either way. The busy shares and the seconds spent waiting depend on
+    how long the epoch takes, which depends on the slowdown: from spinning's slowdown without the
+    bytes' CPU, each pass sets the slowdown from the epoch modelled with the last one, until it
+    settles."""
     background = m.background if background is None else background
     slowdown = contention(m, len(sampled), depth, background)
     for _ in range(MAX_PASSES):
         costs = step_costs(m, sampled, fetched, feat_dim, depth, background, slowdown)
         out = epoch_time(costs, sync, depth, epoch_of, epochs)
-        if waiting == "spin" or not m.cores:
+        if not m.cores:
             break
         n, span, work = len(sampled), max(1e-12, sum(out["per_epoch"])), costs["work"]
-        busy = Slowdown(prepare=min(1.0, work.prepare * slowdown.prepare / (n * span)),
-                        train=min(1.0, work.train * slowdown.train / (n * span)))
-        settled = yielding_slowdown(m, n, depth, background, busy)
+        moving = m.byte_cpu * costs["bytes"] / span  # cores the bytes' CPU takes
+        if waiting == "spin":
+            settled = contention(m, n, depth, background + moving)
+        else:  # the pipeline threads wait for their reads, the training threads in the allreduce
+            waits = m.wait_cpu * (out["comm_seconds"] + n * sync * epoch_of.size) / span
+            busy = Slowdown(prepare=min(1.0, work.prepare * slowdown.prepare / (n * span)),
+                            train=min(1.0, work.train * slowdown.train / (n * span)))
+            settled = yielding_slowdown(m, n, depth, background + moving + waits, busy)
         if abs(settled.prepare - slowdown.prepare) < SETTLED and abs(settled.train - slowdown.train) < SETTLED:
             break
         slowdown = settled
