@@ -221,17 +221,19 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
     # link beside it; a loaded round trip on top would count the same queue twice.
     loaded = overlapped and m.links != "per-trainer" and len(sampled) > 1 and m.loaded_latency
     sampling_latency = m.loaded_latency if loaded else m.latency
-    fixed = (stack(sampled, "sample_seconds") + stack(fetched, "fetch_seconds")
+    if slowdown is None:
+        slowdown = contention(m, len(sampled), depth, m.background if background is None else background)
+    calls = stack(sampled, "sample_seconds") + stack(fetched, "fetch_seconds")  # Get calls: the reading thread's CPU
+    fixed = (calls * slowdown.prepare
              + stack(sampled, "adjacency_rounds") * sampling_latency + stack(fetched, "fetch_rounds") * m.latency
              + 2 * m.latency * decisions)
     nbytes = stack(sampled, "adjacency_bytes_remote") + bytes_rma + AGENT_MESSAGE_BYTES * decisions
     comm = fixed + link_seconds(nbytes, m)
-    if slowdown is None:
-        slowdown = contention(m, len(sampled), depth, m.background if background is None else background)
     copying = copy * slowdown.prepare
     prepare = cpu * slowdown.prepare + np.where(beside, np.maximum(copying, comm), copying + comm)
     costs = {"prepare": prepare, "comm": comm, "train": train * slowdown.train, "slowdown": slowdown,
-             "work": Slowdown(prepare=float((cpu + copy).sum()), train=float(train.sum())), "bytes": float(nbytes.sum())}
+             "work": Slowdown(prepare=float((cpu + copy + calls).sum()), train=float(train.sum())),
+             "bytes": float(nbytes.sum())}
     if m.links == "shared" and len(sampled) > 1 and depth > 0:  # fetches at each thread's own pace (module docstring)
         costs["link"] = {"head": cpu * slowdown.prepare + fixed + np.where(beside, 0.0, copying), "bytes": nbytes,
                          "floor": np.where(beside, (cpu + copy) * slowdown.prepare, 0.0), "fixed": fixed,
