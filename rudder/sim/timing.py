@@ -156,8 +156,15 @@ def epoch_seconds(end: np.ndarray, epoch_of: np.ndarray, epochs: list[int]) -> l
 @dataclass(frozen=True)
 class Slowdown:
     """How many times longer CPU work takes on shared cores than on a core of its own: a pipeline
-    thread's preparing and a training thread's step (or, in ``step_costs``' ``work``, the
-    seconds of each at one core's speed, summed over trainers and steps)."""
+    thread's preparing and a training thread's step."""
+    prepare: float
+    train: float
+
+
+@dataclass(frozen=True)
+class CpuWork:
+    """Seconds of CPU work at one core's speed, summed over trainers and steps: the pipeline
+    threads' preparing (sampling, assembly, blocks, Get calls) and the training threads' steps."""
     prepare: float
     train: float
 
@@ -232,7 +239,7 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
     copying = copy * slowdown.prepare
     prepare = cpu * slowdown.prepare + np.where(beside, np.maximum(copying, comm), copying + comm)
     costs = {"prepare": prepare, "comm": comm, "train": train * slowdown.train, "slowdown": slowdown,
-             "work": Slowdown(prepare=float((cpu + copy + calls).sum()), train=float(train.sum())),
+             "work": CpuWork(prepare=float((cpu + copy + calls).sum()), train=float(train.sum())),
              "bytes": float(nbytes.sum())}
     if m.links == "shared" and len(sampled) > 1 and depth > 0:  # fetches at each thread's own pace (module docstring)
         costs["link"] = {"head": cpu * slowdown.prepare + fixed + np.where(beside, 0.0, copying), "bytes": nbytes,
@@ -257,6 +264,10 @@ def epoch_time(costs: dict, sync: float, depth: int, epoch_of: np.ndarray, epoch
     span = float(np.diff(np.concatenate([[0.0], end]))[later].sum())
     return {"seconds": metrics.epoch_time([per_epoch[e] for e in timed]), "per_epoch": per_epoch,
             "comm_share": float(comm.max(axis=0)[later].sum() / max(1e-12, span)), "comm_seconds": float(comm.sum())}
+
+
+MAX_PASSES = 50  # of modelled_epoch's fixed point; it settles in a few
+SETTLED = 1e-3  # a slowdown that moved less than this between passes has settled
 
 
 def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, depth: int, sync: float,
@@ -290,6 +301,3 @@ def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int
         slowdown = settled
     return {**out, "slowdown": slowdown}
 
-
-MAX_PASSES = 50  # of modelled_epoch's fixed point; it settles in a few
-SETTLED = 1e-3  # a slowdown that moved less than this between passes has settled
