@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-from mpi_job import add_worker_flags, run_worker_job
+from mpi_job import add_worker_flags, cpu_ticks, run_worker_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -203,9 +203,8 @@ CPU_PROBE_S = 1.5  # seconds of bulk reads (and of idling) per measurement of th
 
 
 def busy_seconds() -> float:
-    """The host's CPU seconds not idle so far, all cores (/proc/stat: all but idle and iowait)."""
-    with open("/proc/stat") as f:
-        ticks = [int(v) for v in f.readline().split()[1:9]]
+    """The host's CPU seconds not idle so far, all cores (all but idle and iowait)."""
+    ticks = cpu_ticks()
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 

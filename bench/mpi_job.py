@@ -10,6 +10,12 @@ import sys
 import tempfile
 
 
+def cpu_ticks() -> list[int]:
+    """The host's CPU time so far (/proc/stat: user, nice, system, idle, iowait, irq, softirq, steal)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
 def run_worker_job(script: str, argv: list[str], ranks: int, env: dict | None = None, timeout: int = 1200) -> dict:
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     with tempfile.TemporaryDirectory() as work:

@@ -19,17 +19,11 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.mpi_job import bench_datasets, cached_partition, label_flags, train_job  # noqa: E402
+from bench.mpi_job import bench_datasets, cached_partition, cpu_ticks, label_flags, train_job  # noqa: E402
 from rudder.logs import metrics  # noqa: E402
 from rudder.logs.reader import read_rank  # noqa: E402
 
 MODES = ("spin", "yield")
-
-
-def cpu_ticks() -> list[int]:
-    """The host's CPU time so far (/proc/stat: user, nice, system, idle, iowait, irq, softirq, steal)."""
-    with open("/proc/stat") as f:
-        return [int(x) for x in f.readline().split()[1:9]]
 
 
 def one_run(parts: str, run_dir: str, ranks: int, policy: str, mode: str, a) -> dict:
