@@ -115,11 +115,11 @@ def test_yielding_threads_share_the_cores_only_while_busy():
     own epoch reproduce, and yielding is never slower than spinning."""
     m = Machine(**{**HOST, "latency": 0.0, "sample_edge": 1.0, "cores": 2})
     spin = timing.contention(m, 4, 1, 0.5)
-    assert spin == timing.Slowdown(4.25, 4.25)
-    assert timing.yielding_slowdown(m, 4, 1, 0.5, timing.Slowdown(1.0, 1.0)) == spin
-    assert timing.yielding_slowdown(m, 4, 1, 0.0, timing.Slowdown(0.0, 0.0)) == timing.Slowdown(1.0, 2.0)
-    assert timing.yielding_slowdown(m, 4, 1, 0.0, timing.Slowdown(0.5, 0.25)) == timing.Slowdown(1.75, 3.0)
-    assert timing.yielding_slowdown(m, 4, 0, 0.0, timing.Slowdown(0.0, 0.0)) == timing.contention(m, 4, 0)
+    assert spin == timing.PerThread(4.25, 4.25)
+    assert timing.yielding_slowdown(m, 4, 1, 0.5, timing.PerThread(1.0, 1.0)) == spin
+    assert timing.yielding_slowdown(m, 4, 1, 0.0, timing.PerThread(0.0, 0.0)) == timing.PerThread(1.0, 2.0)
+    assert timing.yielding_slowdown(m, 4, 1, 0.0, timing.PerThread(0.5, 0.25)) == timing.PerThread(1.75, 3.0)
+    assert timing.yielding_slowdown(m, 4, 0, 0.0, timing.PerThread(0.0, 0.0)) == timing.contention(m, 4, 0)
     epoch_of = np.repeat(np.arange(3), 10)
     for cpu, link_bytes, bound in ((0.5, 1.0, "link"), (1.0, 0.0, "cpu")):
         sampled, fetched = _steps(4, 30, cpu, link_bytes)
@@ -127,9 +127,7 @@ def test_yielding_threads_share_the_cores_only_while_busy():
         out = timing.modelled_epoch(m, sampled, fetched, 1, 1, 0.0, epoch_of, 3, 0.0, "yield")
         assert spun["slowdown"] == timing.contention(m, 4, 1) and out["seconds"] <= spun["seconds"] + 1e-9
         work = timing.step_costs(m, sampled, fetched, 1, 1, 0.0, out["slowdown"])["work"]
-        span = sum(out["per_epoch"])
-        busy = timing.Slowdown(min(1.0, work.prepare * out["slowdown"].prepare / (4 * span)),
-                               min(1.0, work.train * out["slowdown"].train / (4 * span)))
+        busy = timing.busy_shares(work, out["slowdown"], 4, sum(out["per_epoch"]))
         again = timing.yielding_slowdown(m, 4, 1, 0.0, busy)
         assert again.prepare == pytest.approx(out["slowdown"].prepare, abs=2e-3)
         assert again.train == pytest.approx(out["slowdown"].train, abs=2e-3)

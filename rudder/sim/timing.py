@@ -154,33 +154,33 @@ def epoch_seconds(end: np.ndarray, epoch_of: np.ndarray, epochs: list[int]) -> l
 
 
 @dataclass(frozen=True)
-class Slowdown:
-    """How many times longer CPU work takes on shared cores than on a core of its own: a pipeline
-    thread's preparing and a training thread's step."""
+class PerThread:
+    """A figure for each of a trainer's two threads: the pipeline thread's preparing (sampling,
+    assembly, blocks, Get calls) and the training thread's steps. The time model keeps three:
+    the slowdown of each on shared cores, their CPU seconds at one core's speed (summed over
+    trainers and steps), and the share of the epoch each is busy."""
     prepare: float
     train: float
 
 
-@dataclass(frozen=True)
-class CpuWork:
-    """Seconds of CPU work at one core's speed, summed over trainers and steps: the pipeline
-    threads' preparing (sampling, assembly, blocks, Get calls) and the training threads' steps."""
-    prepare: float
-    train: float
+def busy_shares(work: PerThread, slowdown: PerThread, trainers: int, span: float) -> PerThread:
+    """The share of ``span`` seconds a thread of each kind spends on CPU work (at most all of it)."""
+    return PerThread(prepare=min(1.0, work.prepare * slowdown.prepare / (trainers * span)),
+                     train=min(1.0, work.train * slowdown.train / (trainers * span)))
 
 
-def contention(m: Machine, trainers: int, depth: int, background: float = 0.0) -> Slowdown:
+def contention(m: Machine, trainers: int, depth: int, background: float = 0.0) -> PerThread:
     """How much slower CPU work runs when the trainers' threads share ``m.cores`` (with
     ``background`` runnable threads of other jobs) and every thread that has work or waits in MPI
     is runnable (``--mpi-wait spin``: MPI's waits poll), the cores shared evenly. Without overlap
     a trainer has one thread; with it, its pipeline thread too."""
     if not m.cores:
-        return Slowdown(1.0, 1.0)
+        return PerThread(1.0, 1.0)
     s = max(1.0, (trainers * (2 if depth else 1) + background) / m.cores)
-    return Slowdown(s, s)
+    return PerThread(s, s)
 
 
-def yielding_slowdown(m: Machine, trainers: int, depth: int, background: float, busy: Slowdown) -> Slowdown:
+def yielding_slowdown(m: Machine, trainers: int, depth: int, background: float, busy: PerThread) -> PerThread:
     """``contention`` where waiting threads sleep (``--mpi-wait yield``): only threads with work
     share the cores. ``busy``: the share of the epoch a pipeline thread (``prepare``) and a
     training thread (``train``) spend on CPU work, on average. The training threads compute
@@ -189,22 +189,22 @@ def yielding_slowdown(m: Machine, trainers: int, depth: int, background: float, 
     prepares, the others are busy at their mean share and the training threads at theirs. Without
     overlap the trainers prepare and train together, one thread each."""
     if not m.cores:
-        return Slowdown(1.0, 1.0)
+        return PerThread(1.0, 1.0)
     if not depth:
         s = max(1.0, (trainers + background) / m.cores)
-        return Slowdown(s, s)
+        return PerThread(s, s)
     n = trainers
-    return Slowdown(prepare=max(1.0, (1 + (n - 1) * busy.prepare + n * busy.train + background) / m.cores),
+    return PerThread(prepare=max(1.0, (1 + (n - 1) * busy.prepare + n * busy.train + background) / m.cores),
                     train=max(1.0, (n + n * busy.prepare + background) / m.cores))
 
 
 def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, depth: int,
-               background: float | None = None, slowdown: Slowdown | None = None) -> dict:
+               background: float | None = None, slowdown: PerThread | None = None) -> dict:
     """(trainers, steps) arrays of a policy's prepare and train seconds at a pipeline depth:
     ``sampled``: each trainer's ``Sampled``; ``fetched``: its replay columns; ``background``:
     other jobs' runnable threads (default: the machine's); ``slowdown``: how much slower the CPU
     work runs on the shared cores (default: every thread runnable, ``contention``). ``work``: the
-    same CPU work at one core's speed (preparing and training), which ``yielding_slowdown`` needs."""
+    same CPU work at one core's speed (preparing and training), for ``busy_shares``."""
     def stack(rows, name):
         return np.stack([getattr(r, name) if hasattr(r, name) else r[name] for r in rows]).astype(np.float64)
 
@@ -239,7 +239,7 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
     copying = copy * slowdown.prepare
     prepare = cpu * slowdown.prepare + np.where(beside, np.maximum(copying, comm), copying + comm)
     costs = {"prepare": prepare, "comm": comm, "train": train * slowdown.train, "slowdown": slowdown,
-             "work": CpuWork(prepare=float((cpu + copy + calls).sum()), train=float(train.sum())),
+             "work": PerThread(prepare=float((cpu + copy + calls).sum()), train=float(train.sum())),
              "bytes": float(nbytes.sum())}
     if m.links == "shared" and len(sampled) > 1 and depth > 0:  # fetches at each thread's own pace (module docstring)
         costs["link"] = {"head": cpu * slowdown.prepare + fixed + np.where(beside, 0.0, copying), "bytes": nbytes,
@@ -293,9 +293,7 @@ def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int
             settled = contention(m, n, depth, background + moving)
         else:  # the pipeline threads wait for their reads, the training threads in the allreduce
             waits = m.wait_cpu * (out["comm_seconds"] + n * sync * epoch_of.size) / span
-            busy = Slowdown(prepare=min(1.0, work.prepare * slowdown.prepare / (n * span)),
-                            train=min(1.0, work.train * slowdown.train / (n * span)))
-            settled = yielding_slowdown(m, n, depth, background + moving + waits, busy)
+            settled = yielding_slowdown(m, n, depth, background + moving + waits, busy_shares(work, slowdown, n, span))
         if abs(settled.prepare - slowdown.prepare) < SETTLED and abs(settled.train - slowdown.train) < SETTLED:
             break
         slowdown = settled
