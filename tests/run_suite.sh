@@ -18,7 +18,9 @@ status=0
 start=$(date +%s)
 
 echo "== serial tests"
-timeout 2400 "$PYTHON" -m pytest -q --durations=25 --basetemp="$BASE/serial" --junitxml="$BASE/serial.xml" ${PYTEST_ARGS:-} || status=1
+# The timeout only ends a hung run: this host's speed varies ~1.5x over a day, and a slow hour
+# must not fail a suite that passes (CI allows 90 min for the install and the whole suite).
+timeout 3600 "$PYTHON" -m pytest -q --durations=25 --basetemp="$BASE/serial" --junitxml="$BASE/serial.xml" ${PYTEST_ARGS:-} || status=1
 
 for n in $MPI_SIZES; do
   echo "== MPI tests, mpiexec -n $n"

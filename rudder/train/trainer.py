@@ -48,6 +48,7 @@ from rudder.train.config import TrainConfig
 from rudder.train.data_parallel import GradientAllreduce, broadcast_parameters, parameter_digest
 from rudder.train.evaluation import evaluate
 from rudder.train.model import GraphSAGE
+from rudder.train.optimizer import Adam
 from rudder.train.progress import run_summary
 from rudder.train.staging import InputStager
 
@@ -141,7 +142,7 @@ class Trainer:
                                cfg.model.dropout, cfg.model.impl).to(self.device)
         broadcast_parameters(self.layout.trainers, self.model)
         torch.manual_seed(seed * 1_000_003 + self.layout.trainer_rank + 1)  # dropout differs per rank, as in DDP
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.model.lr)
+        self.optimizer = Adam(self.model.parameters(), lr=cfg.model.lr)
         if self.resumed:
             self.model.load_state_dict(self.resumed.model_state["model"])
             self.optimizer.load_state_dict(self.resumed.model_state["optimizer"])
