@@ -2,7 +2,8 @@
 the layers below them (docs/architecture.md), no module is part of a cycle, nothing imports a
 rudder module from inside a function, the offline analysis never imports MPI (not even through
 another module), and the run path (what drivers/train.py imports) never reaches the analysis or
-the simulator or the network shaper."""
+the simulator or the network shaper. One import made inside a function is deliberate and listed
+(ROLE_IMPORTS): a rank imports the trainer, and torch with it, only once it knows it trains."""
 from __future__ import annotations
 
 import ast
@@ -17,6 +18,9 @@ from conftest import REPO
 LAYERS = ["registry", "comm", "logs", "data", "sampling", "agent", "prefetch", "train", "sim", "analysis", "netem"]
 ENTRY_MODULES = {"rudder.analyze", "rudder.simulate", "rudder.classifier"}
 MPI = "mpi4py"
+# Imports of the library made inside a function on purpose, none of them dodging a cycle (the
+# graph's checks include them): {module: [what it imports there]}.
+ROLE_IMPORTS = {"rudder.train.job": ["rudder.train.trainer"]}
 
 
 def module_name(path: str) -> str:
@@ -123,7 +127,7 @@ def test_no_cycles_and_layers_import_downwards():
     netem = [f"{m} -> {t}" for m, targets in internal.items() for t in targets
              if (m.split(".")[1] == "netem") != (t.split(".")[1] == "netem")]
     assert netem == [], netem  # the shaped network stands alone
-    assert {m: t for m, t in in_functions.items() if t} == {}  # no function-local import dodging a cycle
+    assert {m: sorted(set(t)) for m, t in in_functions.items() if t} == ROLE_IMPORTS  # none dodging a cycle
 
 
 def test_analysis_imports_no_mpi_and_the_run_path_no_tool():

@@ -39,16 +39,25 @@ def logged_minibatches(path) -> int:
         return f["minibatches"].shape[0]
 
 
-# Runs each rank's job (rudder.train.job, as drivers/train.py does) and records afterwards whether
-# anything had imported DGL: one file per rank in $CHECK_DIR.
-DGL_IMPORT_CHECK = ("import os, sys, mpi4py\n"
-                    "mpi4py.rc.thread_level = 'multiple'\n"
-                    "from mpi4py import MPI\n"
-                    "from rudder.train.job import main\n"
-                    "status = main(sys.argv[1:])\n"
-                    "with open(os.path.join(os.environ['CHECK_DIR'], f'rank-{MPI.COMM_WORLD.rank}'), 'w') as f:\n"
-                    "    f.write(str('dgl' in sys.modules))\n"
-                    "sys.exit(status)\n")
+# Runs each rank's job (rudder.train.job, as drivers/train.py does) and records afterwards which of
+# the heavy libraries it had imported: one file per rank in $CHECK_DIR, e.g. "dgl=False torch=True".
+IMPORT_CHECK = ("import os, sys, mpi4py\n"
+                "mpi4py.rc.thread_level = 'multiple'\n"
+                "from mpi4py import MPI\n"
+                "from rudder.train.job import main\n"
+                "status = main(sys.argv[1:])\n"
+                "with open(os.path.join(os.environ['CHECK_DIR'], f'rank-{MPI.COMM_WORLD.rank}'), 'w') as f:\n"
+                "    f.write(' '.join(f'{m}={m in sys.modules}' for m in ('dgl', 'torch')))\n"
+                "sys.exit(status)\n")
+
+
+def imports_by_rank(ranks: int, args, check_dir, env=None) -> tuple[subprocess.CompletedProcess, dict[int, str]]:
+    """Launch the job under IMPORT_CHECK: (the process, {rank: "dgl=... torch=..."})."""
+    check_dir.mkdir()
+    proc = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, "-c", IMPORT_CHECK, *map(str, args)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=REPO, CHECK_DIR=str(check_dir), **(env or {})))
+    return proc, {int(p.name.split("-")[1]): p.read_text() for p in check_dir.iterdir()}
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +68,12 @@ def cora_impls(cora4, tmp_path_factory):
     base = tmp_path_factory.mktemp("cora-impls")
     runs, seen = {}, {}
     for impl in ("torch", "dgl"):
-        run, check = base / impl, base / f"check-{impl}"
-        check.mkdir()
+        run = base / impl
         args = ["--data", cora4, "--run-dir", run, "--seed", 0, *CORA_RUN, "--model-impl", impl]
-        proc = subprocess.run([mpiexec(), "-n", "4", sys.executable, "-c", DGL_IMPORT_CHECK, *map(str, args)],
-                              capture_output=True, text=True, timeout=600, cwd=REPO,
-                              env=dict(os.environ, PYTHONPATH=REPO, CHECK_DIR=str(check)))
+        proc, seen[impl] = imports_by_rank(4, args, base / f"check-{impl}")
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[impl] = logs(run)
         assert all(f["run"]["model_impl"] == impl for f in runs[impl])
-        seen[impl] = sorted((p.name, p.read_text()) for p in check.iterdir())
     return runs, seen
 
 
@@ -149,8 +154,27 @@ def test_torch_layer_trains_as_dgls_on_facebook(tmp_path):
 def test_training_step_imports_no_dgl(cora_impls):
     """With --model-impl torch nothing imports DGL, start-up to the end of training and evaluation
     (so a machine without DGL trains); with --model-impl dgl the same check sees it."""
-    assert cora_impls[1] == {"torch": [(f"rank-{r}", "False") for r in range(4)],
-                             "dgl": [(f"rank-{r}", "True") for r in range(4)]}
+    assert cora_impls[1] == {"torch": {r: "dgl=False torch=True" for r in range(4)},
+                             "dgl": {r: "dgl=True torch=True" for r in range(4)}}
+
+
+def test_only_trainers_import_torch(cora4, tmp_path):
+    """torch is the trainer's (2.4 s of a rank's start-up here): an agent rank never imports it,
+    nor does any rank of a job that a start-up check stops."""
+    run = tmp_path / "run"
+    args = ["--data", cora4, "--run-dir", run, "--epochs", 1, "--batch-size", 64, "--progress", "none",
+            "--policy", "heuristic"]
+    proc, seen = imports_by_rank(5, args, tmp_path / "check")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    roles = {r: f["role"] for r, f in enumerate(logs(run))}
+    assert sorted(roles.values()) == ["agent"] + ["trainer"] * 4, roles
+    assert seen == {r: f"dgl=False torch={role == 'trainer'}" for r, role in roles.items()}
+    # Stopped by a check: the layout's (4 partitions, 2 ranks), then the fanouts' (every rank parses them).
+    for ranks, bad in ((2, []), (4, ["--fanouts", "10,x"])):
+        proc, seen = imports_by_rank(ranks, ["--data", cora4, "--run-dir", tmp_path / "bad", *bad],
+                                     tmp_path / f"check-bad-{ranks}")
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert seen == {r: "dgl=False torch=False" for r in range(ranks)}
 
 
 def test_log_contents(cora4, tmp_path):

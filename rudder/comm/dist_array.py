@@ -36,7 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from rudder.comm import waiting
 
@@ -81,6 +80,8 @@ def take_rows(source: np.ndarray, index: np.ndarray, out: np.ndarray, at: np.nda
     (a temporary from torch's allocator costs a page fault per 4 KB, numpy's gets huge pages)."""
     if index.size == 0:
         return
+    import torch  # here, not at the top: only trainers copy rows, and agent ranks must not pay torch's import
+
     first = 0 if at is None else int(at[0])
     if at is None or (int(at[-1]) - first + 1 == at.size and bool((np.diff(at) == 1).all())):
         torch.index_select(torch.from_numpy(source), 0, torch.from_numpy(np.ascontiguousarray(index, dtype=np.int64)),

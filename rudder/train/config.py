@@ -27,10 +27,12 @@ from rudder.prefetch.buffers import INIT_MODES, SCOPES, SPLITS
 from rudder.prefetch.policies import POLICIES
 from rudder.sampling.phases import Phase, PhaseSettings, RunPhases, phase_settings
 from rudder.train import options
-from rudder.train.model import IMPLEMENTATIONS
 from rudder.train.options import ConfigError, need, option
 
 PAPER_BATCH_SIZE = 2000
+# The GraphSAGE layer's implementations (rudder.train.model): named here, where the flag is, so that
+# reading a config imports no torch.
+IMPLEMENTATIONS = ("torch", "dgl")
 POSITIVE = (lambda v: v >= 1, "a positive integer")
 
 

@@ -7,6 +7,11 @@ rank 0): the config, the partitions, the layout, the threads, the device, the po
 then rank 0 alone prepares the run directory. Then an agent rank serves its node's decisions and
 a trainer trains; an exception on any rank aborts the whole job, a signal stops it cleanly.
 Exit status: 0 done, 2 bad input, 128 + signal when stopped by one.
+
+Start-up and the agent's role import no torch: a rank imports the trainer (and with it torch, about
+2.4 s of CPU a rank here, and on a cluster every rank reading its files from the shared file
+system at once) only once it knows it trains. So an agent rank, and every rank of a job that a
+check stops, starts in a fraction of that.
 """
 from __future__ import annotations
 
@@ -16,7 +21,6 @@ import io
 import os
 import sys
 
-import torch
 from mpi4py import MPI
 
 from rudder.agent.server import run_agent
@@ -28,7 +32,6 @@ from rudder.logs import checkpoints
 from rudder.prefetch.policies import POLICIES
 from rudder.train.config import ConfigError, parse_config
 from rudder.train.progress import Progress, format_summary
-from rudder.train.trainer import Trainer
 
 BAD_INPUT = (ConfigError, PartitionFormatError, LayoutError)
 
@@ -106,8 +109,16 @@ def check_resume(cfg, layout) -> None:
                           f"resume with more epochs")
 
 
-def check_device(cfg) -> None:
-    if cfg.model.device == "cuda" and not torch.cuda.is_available():
+def cuda_available() -> bool:
+    import torch  # only a trainer asked for CUDA pays torch's import before the checks are through
+
+    return torch.cuda.is_available()
+
+
+def check_device(cfg, layout) -> None:
+    if layout.is_agent:  # an agent rank computes nothing on a device
+        return
+    if cfg.model.device == "cuda" and not cuda_available():
         raise ConfigError("--device cuda: this rank sees no CUDA device (torch.cuda.is_available() is False; "
                           "a CPU build of torch, or no GPU allocated to the job)")
     if cfg.model.impl != "dgl":
@@ -122,10 +133,10 @@ def check_device(cfg) -> None:
 
 
 def share_cores(layout) -> None:
-    """Oversubscribed ranks must not each start one thread per core."""
+    """Oversubscribed ranks must not each start one thread per core (set before a trainer imports
+    torch, whose OpenMP reads them then; the trainer sets torch's own count)."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(layout.threads_per_rank)
-    torch.set_num_threads(layout.threads_per_rank)
 
 
 def start_up(world, argv):
@@ -143,7 +154,7 @@ def start_up(world, argv):
                                         agent_cores=state["cfg"].agent.cores,
                                         mpi_wait=state["cfg"].training.mpi_wait), ""),
         (None, lambda: share_cores(state["layout"]), ""),
-        (None, lambda: check_device(state["cfg"]), ""),
+        (None, lambda: check_device(state["cfg"], state["layout"]), ""),
         (None, lambda: check_policy_inputs(state["cfg"], state["layout"]), ""),
         (None, lambda: check_resume(state["cfg"], state["layout"]), ""),
         (None, lambda: verify_own_partition(state["cfg"], state["layout"], state["meta"]), ""),
@@ -162,6 +173,10 @@ def start_up(world, argv):
 
 def train(cfg, layout, meta) -> int:
     """A trainer rank's whole job; returns the exit status."""
+    # The one import of the library made inside a function, on purpose: the trainer role's own
+    # (module docstring), listed in tests/test_architecture.py.
+    from rudder.train.trainer import Trainer
+
     trainer, summary = None, None
     stop = StopRequest(lambda why: abort_job(None, why, log=trainer.log if trainer else None, code=130),
                        grace=120.0 if cfg.checkpoint.every else 15.0).install()  # a checkpoint comes first

@@ -12,9 +12,8 @@ import torch
 from torch import nn
 
 from rudder.data.dgl_bridge import sage_conv, to_blocks
+from rudder.train.config import IMPLEMENTATIONS
 from rudder.train.sage import Block, SAGEConv
-
-IMPLEMENTATIONS = ("torch", "dgl")
 
 
 class GraphSAGE(nn.Module):

@@ -64,6 +64,7 @@ class Trainer:
         """Collective over the trainers: reads this rank's partition, opens the RMA windows,
         builds and broadcasts the model, builds the buffer and its policy, creates the rank's log."""
         self.cfg, self.layout, self.meta, self.stop = cfg, layout, meta, stop
+        torch.set_num_threads(layout.threads_per_rank)  # oversubscribed ranks: not one thread per core each
         self.log = None
         self.watchdog = Watchdog(cfg.training.stall_timeout, self._stalled)
         self.watchdog.doing("training thread", "building the trainer")
