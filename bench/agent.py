@@ -8,7 +8,7 @@ the rows fetched must match) and differ only by the agent's presence: its messag
 tests for answers, and whatever its model takes from the trainers' cores. Target: llm / replay
 <= 1.03. Epoch time = slowest trainer, median over epochs (rudder.analyze).
 
-    python bench/agent.py [--parts 2] [--epochs 6] [--batch-size 256] [--decisions 6] [--agent-action structured]
+    python bench/agent.py [--parts 2] [--epochs 6] [--batch-size 256] [--decisions 6] [--agent-action structured] [--repeats 2]
     python bench/agent.py --latency-only [--decisions 12]   (paper vs structured answers, side by side)
     python bench/agent.py --transports [--policy heuristic] [--repeats 2] [--agent-window 1]
     python bench/agent.py --batched 4 [--decisions 6]   (a pass of N decisions: one batched call vs N calls)
@@ -160,7 +160,7 @@ def main() -> int:
     ap.add_argument("--latency-only", action="store_true", help="only the default model's latency, paper vs structured")
     ap.add_argument("--transports", action="store_true", help="only p2p vs collective agent transport, side by side")
     ap.add_argument("--policy", default="heuristic", help="with --transports: the agent policy")
-    ap.add_argument("--repeats", type=int, default=2, help="with --transports: runs of each transport")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each transport, or pairs of each policy and its replay")
     ap.add_argument("--agent-window", type=int, default=1)
     ap.add_argument("--batched", type=int, default=0, metavar="N",
                     help="only passes of N structured llm decisions: one batched call vs one call each")
@@ -201,19 +201,25 @@ def main() -> int:
         return 0
     print(f"{name}, {a.parts} trainers + 1 agent (its own core), batch {a.batch_size}, {a.epochs} epochs; "
           f"{os.cpu_count()} cores")
-    print(f"{'policy':10} {'epoch s':>8} {'replay s':>8} {'ratio':>6} {'decisions':>9} {'latency s':>9} {'rows/epoch':>10}")
-    for policy in ("heuristic", "llm"):
-        r = pair(parts, a.out, a.parts, policy, flags)
-        print(f"{policy:10} {r['epoch']:8.3f} {r['replay']:8.3f} {r['epoch'] / r['replay']:6.3f} {r['decisions']:9d} "
-              f"{r['latency'] or 0:9.3f} {r['rows']:10.0f}", flush=True)
+    print(f"{'policy':10} {'repeat':>6} {'epoch s':>8} {'replay s':>8} {'ratio':>6} {'decisions':>9} {'latency s':>9} "
+          f"{'rows/epoch':>10}")
+    ratios: dict[str, list[float]] = {"heuristic": [], "llm": []}
+    for r in range(a.repeats):
+        for policy in list(ratios)[:: 1 if r % 2 == 0 else -1]:  # the policies in reversed order every other time
+            p = pair(parts, a.out, a.parts, policy, flags)
+            ratios[policy].append(p["epoch"] / p["replay"])
+            print(f"{policy:10} {r:6d} {p['epoch']:8.3f} {p['replay']:8.3f} {ratios[policy][-1]:6.3f} {p['decisions']:9d} "
+                  f"{p['latency'] or 0:9.3f} {p['rows']:10.0f}", flush=True)
+    print("median agent / replay: " + ", ".join(f"{policy} {np.median(v):.3f}" for policy, v in ratios.items())
+          + f"; load average {os.getloadavg()[0]:.2f}")
 
     tiny = write_tiny_gguf(os.path.join(a.out, "tiny.gguf"))
-    print(f"\ndecision latency, in-process llama.cpp, idle machine, prompt v{PROMPT_VERSION}, {a.decisions} decisions "
-          f"(first one warm)")
+    print(f"\ndecision latency, in-process llama.cpp, idle machine, --agent-action {a.agent_action}, {a.decisions} "
+          f"decisions (first one warm)")
     print(f"{'model':28} {'threads':>7} {'mean s':>7} {'fallbacks':>9}")
     for label, model in (("SmolLM2-135M-Instruct Q4_1", default_model()), ("random-weight tiny (tests)", tiny)):
         for threads in (1, 2):
-            mean, fb = latency(model, threads, a.decisions)
+            mean, fb = latency(model, threads, a.decisions, a.agent_action)
             print(f"{label:28} {threads:7d} {mean:7.2f} {fb:9.2f}", flush=True)
     return 0
 
