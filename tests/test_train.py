@@ -51,12 +51,12 @@ IMPORT_CHECK = ("import os, sys, mpi4py\n"
                 "sys.exit(status)\n")
 
 
-def imports_by_rank(ranks: int, args, check_dir, env=None) -> tuple[subprocess.CompletedProcess, dict[int, str]]:
+def imports_by_rank(ranks: int, args, check_dir) -> tuple[subprocess.CompletedProcess, dict[int, str]]:
     """Launch the job under IMPORT_CHECK: (the process, {rank: "dgl=... torch=..."})."""
     check_dir.mkdir()
     proc = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, "-c", IMPORT_CHECK, *map(str, args)],
                           capture_output=True, text=True, timeout=600, cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=REPO, CHECK_DIR=str(check_dir), **(env or {})))
+                          env=dict(os.environ, PYTHONPATH=REPO, CHECK_DIR=str(check_dir)))
     return proc, {int(p.name.split("-")[1]): p.read_text() for p in check_dir.iterdir()}
 
 
