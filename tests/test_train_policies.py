@@ -141,7 +141,9 @@ def test_node_shared_buffer(tmp_path):
     parts = str(tmp_path / "parts")
     partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 2, parts, method="metis", seed=0)
     tables, fills, logs = {}, {}, {}
-    steered = ["--policy", "heuristic", "--agent-action", "structured", "--agent-window", "2"]
+    # answers applied exactly 2 minibatches after their request: whether slots change hands must not
+    # hang on how fast an oversubscribed agent rank answers
+    steered = ["--policy", "heuristic", "--agent-action", "structured", "--agent-window", "2", "--agent-latency", "2"]
     for name, flags in (("none", []), ("shared", ["--policy", "fixed", "--delta", "1", "--buffer-sharing", "node"]),
                         ("compat", ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node", "--compat",
                                     "massivegnn", "--buffer-init", "random"]),
