@@ -59,6 +59,11 @@ def test_every_policy_runs_on_every_configuration_with_exact_caching(tiny):
             assert runs[label]["rows_per_epoch"] < runs["none"]["rows_per_epoch"], (key, label)
             assert runs[label]["hit_percent"] > 0
         assert runs["lookahead-f0.25"]["rows_per_epoch"] < runs["static-f0.25"]["rows_per_epoch"]
+        # Belady MIN on the traced lookahead run's inputs bounds every policy's rows over the run
+        least = runs["lookahead-f0.25"]["min_rows"]
+        assert least == min(fig["min_rows"] for fig in runs.values() if fig["min_rows"] is not None) > 0
+        assert all(least <= fig["rows_all_epochs"] for fig in runs.values()), key
+        assert runs["lookahead-f0.25"]["rows_all_epochs"] > runs["lookahead-f0.25"]["rows_per_epoch"]  # epoch 1 too
 
 
 def test_every_run_is_reproduced_by_the_simulator(tiny):

@@ -3,7 +3,8 @@ table expands into one labelled run per fixed setting, each with flags the train
 tables are one line naming the key; from a synthetic results table the best fixed setting is
 picked by epoch time and by rows separately, the steered policies are stated against it and the
 better static, and [targets.oracle] is checked where it applies (congested vs steady). The
-smoke grid bench/grids/oracle-tiny.toml and the agent grid load."""
+smoke grid bench/grids/oracle-tiny.toml and the agent grid load. A setting run twice (identical
+options but for bookkeeping) is found and its spread stated beside the targets."""
 from __future__ import annotations
 
 import os
@@ -12,10 +13,12 @@ import pytest
 from conftest import REPO
 
 from bench.evaluation.grid import GridError, load_grid, policy_flags, steered
+from bench.evaluation.harness import setting_of
 from bench.evaluation.oracle import hindsight, oracle_section, oracle_targets, steady
 from bench.evaluation.report import policy_table
 from bench.evaluation.sweep import settings
 from rudder.train.config import parse_config
+from rudder.train.options import to_flat
 
 GRID = """
 [datasets]
@@ -109,9 +112,11 @@ def fig(epoch, rows, **decisions):
 
 
 RUNS = {"none": fig(3.0, 900), "static-f0.25": fig(2.4, 700), "static-vip-f0.25": fig(2.2, 650),
-        "fixed-f0.25": fig(2.3, 500), "lookahead-f0.25": fig(2.5, 300),
-        "sweep-fixed-d4-b1-halo-f0.25": fig(2.1, 450), "sweep-fixed-d8-b0.25-remote-f0.25": fig(2.0, 600),
-        "sweep-lookahead-w2-halo-f0.25": fig(2.6, 280),
+        "fixed-f0.25": {**fig(2.3, 500), "setting": "d4"},  # the sweep's d4-b1-halo run twice
+        "lookahead-f0.25": {**fig(2.5, 300), "min_rows": 1080},  # traced runs carry MIN's rows (all epochs)
+        "sweep-fixed-d4-b1-halo-f0.25": {**fig(2.1, 450), "setting": "d4"},
+        "sweep-fixed-d8-b0.25-remote-f0.25": {**fig(2.0, 600), "rows_all_epochs": 2400},
+        "sweep-lookahead-w2-halo-f0.25": {**fig(2.6, 280), "min_rows": 1000},
         "heuristic-f0.25": fig(1.9, 520, invalid_rate=0.0, latency_p50=0.01,
                                 pass_at_1={"comm": {"value": 0.5, "low": 0.4, "high": 0.6},
                                            "wait": {"value": 0.25, "low": 0.1, "high": 0.5}}),
@@ -123,7 +128,10 @@ def test_the_hindsight_best_is_picked_by_time_and_by_rows_separately(tmp_path):
     grid = load_grid(write(tmp_path, GRID + ORACLE))
     o = hindsight(grid, RUNS, 0.25)
     assert o["settings"] == 5  # the sweep's three and the grid's own fixed and lookahead runs
-    assert o["by_time"] == {"setting": "sweep-fixed-d8-b0.25-remote", "epoch_seconds": 2.0}
+    assert o["by_time"] == {"setting": "sweep-fixed-d8-b0.25-remote", "epoch_seconds": 2.0, "rows_over_min": 2.4}
+    assert o["min_rows"] == 1000  # the least MIN of the traced runs at this fraction
+    assert o["repeats"] == [{"labels": ["fixed", "sweep-fixed-d4-b1-halo"], "epoch_seconds": [2.3, 2.1],
+                             "spread": pytest.approx(2.3 / 2.1)}]
     assert o["by_rows"] == {"setting": "sweep-lookahead-w2-halo", "rows_per_epoch": 280}
     assert o["better_static"] == "static-vip" and o["vip_over_degree_rows"] == pytest.approx(650 / 700)
     assert set(o["steered"]) == {"heuristic", "tuner", "llm"} and o["strongest"] == "tuner"
@@ -131,6 +139,8 @@ def test_the_hindsight_best_is_picked_by_time_and_by_rows_separately(tmp_path):
     assert t["over_oracle"] == pytest.approx(0.9) and t["over_static"] == pytest.approx(1.8 / 2.2)
     assert t["rows_over_oracle"] == pytest.approx(610 / 280)
     assert o["steered"]["llm"]["latency_p50"] == 1.5 and o["steered"]["heuristic"]["pass_at_1"]["wait"]["high"] == 0.5
+    untraced = {k: {**v, "min_rows": None} for k, v in RUNS.items()}
+    assert hindsight(grid, untraced, 0.25)["min_rows"] is None  # no trace, no bound
     without_sweep = {k: v for k, v in RUNS.items() if not k.startswith("sweep-")}
     assert hindsight(grid, without_sweep, 0.25) is None  # the grid's fixed run alone is no oracle
     # a tie goes to the first in the table, and a run without a figure is no candidate
@@ -151,12 +161,13 @@ def test_the_targets_hold_the_strongest_steered_policy_where_they_apply(tmp_path
     congested = oracle_targets(grid, configs("square:600mbit,period=2"))
     assert congested == [
         "- a-p2, f=0.25: the strongest steered policy (tuner) over the hindsight-best fixed setting "
-        "(sweep-fixed-d8-b0.25-remote) met: 0.90x (target <= 0.95x)",
+        "(sweep-fixed-d8-b0.25-remote) met: 0.90x (target <= 0.95x); one setting run twice differed by 1.10x",
         "- a-p2, f=0.25: the strongest steered policy (tuner) over the better static (static-vip) "
-        "met: 0.82x (target <= 0.9x)"]
+        "met: 0.82x (target <= 0.9x); one setting run twice differed by 1.10x"]
     calm = oracle_targets(grid, configs())
     assert calm == ["- a-p2, f=0.25 (steady): the strongest steered policy (tuner) over the hindsight-best fixed "
-                    "setting (sweep-fixed-d8-b0.25-remote) met: 0.90x (target <= 1.02x)"]
+                    "setting (sweep-fixed-d8-b0.25-remote) met: 0.90x (target <= 1.02x); one setting run twice "
+                    "differed by 1.10x"]
     slow = {**RUNS, "tuner-f0.25": fig(2.5, 610), "heuristic-f0.25": fig(2.3, 1), "llm-f0.25": fig(2.2, 1)}
     assert "NOT met: 1.10x (target <= 1.02x)" in oracle_targets(grid, configs(runs=slow))[0]
     assert steady(configs()["a-p2"]["config"]) and not steady(configs(shift="at=0.5")["a-p2"]["config"])
@@ -169,7 +180,8 @@ def test_the_report_section_states_every_steered_policy(tmp_path):
     grid = load_grid(write(tmp_path, GRID + ORACLE))
     lines = oracle_section(grid, configs())
     assert lines[2] == ("| a-p2 | 0.25 | yes | 5 | sweep-fixed-d8-b0.25-remote | 2.000 | sweep-lookahead-w2-halo | 280 "
-                        "| 2.400 | 2.200 | 700 | 650 | 0.929 |")
+                        "| 2.400 | 2.200 | 700 | 650 | 0.929 | 1,000 | 2.400 |")
+    assert "- a-p2, f=0.25: fixed 2.300 s, sweep-fixed-d4-b1-halo 2.100 s (1.095x)" in lines
     rows = [line for line in lines if line.startswith("| a-p2 | 0.25 | ") and line.count("|") == 13]
     assert [r.split(" | ")[2] for r in rows] == ["heuristic", "tuner", "llm"]
     assert rows[0] == ("| a-p2 | 0.25 | heuristic | 1.900 | 0.950 | 0.864 (static-vip) | 520 | 1.857 | 0.000 | 0.010 "
@@ -191,3 +203,11 @@ def test_the_policy_table_names_a_sweep_run_by_its_setting():
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1] for line in policy_table({"runs": runs}, [0.25])[2:]}
     assert rows["sweep-fixed-d8-b0.25-remote"] == "0.25" and rows["static-vip"] == "0.25" and rows["none"] == "-"
 
+
+
+def test_a_setting_is_every_option_but_bookkeeping():
+    """Runs that differ only in what they record (run directory, traces, progress) are one setting."""
+    flat = to_flat(parse_config(TRAIN + ["--policy", "fixed", "--delta", "8"]))  # as a run's log records it
+    twin = {**flat, "run_dir": "elsewhere", "trace": True, "collect_traces": True, "progress": "none"}
+    assert setting_of(flat) == setting_of(twin)
+    assert setting_of(flat) != setting_of({**flat, "delta": 4})

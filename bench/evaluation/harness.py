@@ -111,6 +111,17 @@ class Harness:
         return run_dir
 
 
+# Options that record or report a run without changing what it does: runs equal in every other
+# option are one setting run twice (the oracle states their spread as the noise of one run)
+BOOKKEEPING = ("run_dir", "trace", "collect_traces", "progress", "overwrite", "log_flush_seconds")
+
+
+def setting_of(config: dict) -> str:
+    """A short key of what a run does: equal keys, the same setting."""
+    doing = {k: v for k, v in config.items() if k not in BOOKKEEPING}
+    return hashlib.sha256(json.dumps(doing, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def figures(run_dir: str, data_dir: str) -> dict:
     """What the results tables show of one run: remote rows fetched per epoch (all trainers) and
     the epoch time, as ``rudder.logs.metrics`` defines them (over epochs 2..E, as for the DistDGL
@@ -121,7 +132,10 @@ def figures(run_dir: str, data_dir: str) -> dict:
     row = {"run": os.path.abspath(run_dir), "rows_per_epoch": s["traffic"]["remote_rows_fetched_per_epoch"],
            "wait_share": wait / mean if wait is not None and mean else None,
            "epoch_seconds": s["epochs"]["median_seconds"], "hit_percent": s["buffer"]["hit_percent"],
-           "test_acc": s["accuracy"]["test"], "over_min": (s.get("bound") or {}).get("achieved_over_min")}
+           "test_acc": s["accuracy"]["test"], "over_min": (s.get("bound") or {}).get("achieved_over_min"),
+           # every epoch's rows, for the bound: MIN is least over the whole run, not over epochs 2..E
+           "rows_all_epochs": sum(int(metrics.remote_rows_fetched(r.minibatches).sum()) for r in run.ranks),
+           "min_rows": (s.get("bound") or {}).get("min_rows"), "setting": setting_of(run.config)}
     if run.agents:
         q = decision_quality(run)
         reasons = fallback_counts(run)

@@ -31,6 +31,20 @@ def best(candidates: dict, figure: str) -> tuple[str, dict] | None:
     return min(have, key=lambda kv: kv[1][figure]) if have else None
 
 
+def repeats(candidates: dict) -> list[dict]:
+    """Fixed settings that ran more than once (the grid's own fixed or lookahead run and the sweep's
+    run of the same setting): their labels, epoch times and spread (slowest over fastest), the
+    noise of a single run, which picking the best of many single runs favours."""
+    by_setting = {}
+    for label, fig in candidates.items():
+        if fig.get("setting") and isinstance(fig.get("epoch_seconds"), (int, float)):
+            by_setting.setdefault(fig["setting"], []).append(label)
+    return [{"labels": labels, "epoch_seconds": [candidates[k]["epoch_seconds"] for k in labels],
+             "spread": ratio(max(candidates[k]["epoch_seconds"] for k in labels),
+                             min(candidates[k]["epoch_seconds"] for k in labels))}
+            for labels in by_setting.values() if len(labels) > 1]
+
+
 def hindsight(grid: dict, runs: dict, fraction) -> dict | None:
     """One configuration at one fraction: the hindsight-best fixed setting by epoch time and by rows
     (of the sweep and the grid's own fixed and lookahead runs), the better static by epoch time, and
@@ -54,8 +68,14 @@ def hindsight(grid: dict, runs: dict, fraction) -> dict | None:
             "invalid_rate": d.get("invalid_rate"), "latency_p50": d.get("latency_p50"),
             "pass_at_1": d.get("pass_at_1") or {}}
     strongest = min(steered_runs, key=lambda p: steered_runs[p]["epoch_seconds"] or float("inf"), default=None)
-    return {"settings": len(fixed),
-            "by_time": by_time and {"setting": by_time[0], "epoch_seconds": by_time[1]["epoch_seconds"]},
+    # Belady MIN over the whole run, on the traced runs' inputs (lookahead's): they do not depend on
+    # the policy, so the least (the widest scope's) bounds every setting and steered policy here
+    bounds = [v["min_rows"] for v in at.values() if isinstance(v.get("min_rows"), (int, float))]
+    least = min(bounds, default=None)
+    return {"settings": len(fixed), "repeats": repeats(fixed),
+            "by_time": by_time and {"setting": by_time[0], "epoch_seconds": by_time[1]["epoch_seconds"],
+                                    "rows_over_min": ratio(by_time[1].get("rows_all_epochs"), least)},
+            "min_rows": least,
             "by_rows": by_rows and {"setting": by_rows[0], "rows_per_epoch": by_rows[1]["rows_per_epoch"]},
             "static": {k: {"epoch_seconds": v["epoch_seconds"], "rows_per_epoch": v["rows_per_epoch"]}
                        for k, v in statics.items()},
@@ -82,8 +102,9 @@ def oracle_section(grid: dict, configs: dict) -> list[str]:
     if not found:
         return []
     lines = ["| configuration | f | steady | settings | best fixed by time | epoch s | best fixed by rows | rows/epoch "
-             "| static degree s | static vip s | static degree rows | static vip rows | vip / degree rows |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| static degree s | static vip s | static degree rows | static vip rows | vip / degree rows "
+             "| MIN rows, all epochs | best by time: rows x MIN |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, at in found.items():
         for f, o in at.items():
             t, r, s = o["by_time"] or {}, o["by_rows"] or {}, o["static"]
@@ -92,7 +113,14 @@ def oracle_section(grid: dict, configs: dict) -> list[str]:
                          f"| {t.get('setting', '-')} | {fmt(t.get('epoch_seconds'), '.3f')} | {r.get('setting', '-')} "
                          f"| {fmt(r.get('rows_per_epoch'), ',.0f')} | {fmt(deg.get('epoch_seconds'), '.3f')} "
                          f"| {fmt(vip.get('epoch_seconds'), '.3f')} | {fmt(deg.get('rows_per_epoch'), ',.0f')} "
-                         f"| {fmt(vip.get('rows_per_epoch'), ',.0f')} | {fmt(o['vip_over_degree_rows'], '.3f')} |")
+                         f"| {fmt(vip.get('rows_per_epoch'), ',.0f')} | {fmt(o['vip_over_degree_rows'], '.3f')} "
+                         f"| {fmt(o['min_rows'], ',.0f')} | {fmt(t.get('rows_over_min'), '.3f')} |")
+    twice = [f"- {key}, f={f}: " + "; ".join(
+        ", ".join(f"{label} {fmt(sec, '.3f')} s" for label, sec in zip(r["labels"], r["epoch_seconds"]))
+        + f" ({fmt(r['spread'], '.3f')}x)" for r in o["repeats"]) for key, at in found.items() for f, o in at.items()
+        if o["repeats"]]
+    if twice:
+        lines += ["", "One setting run more than once (identical options), the spread of single runs:", "", *twice]
     lines += ["", "| configuration | f | policy | epoch s | x best fixed (time) | x better static | rows/epoch "
               "| x best fixed (rows) | invalid rate | latency p50 s | Pass@1 rows | Pass@1 wait |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -121,9 +149,11 @@ def oracle_targets(grid: dict, configs: dict) -> list[str]:
                        "over_oracle")] if calm else [
                 ("over_oracle", "the hindsight-best fixed setting", o["by_time"] and o["by_time"]["setting"], "over_oracle"),
                 ("over_static", "the better static", o["better_static"], "over_static")]
+            spread = max((r["spread"] for r in o["repeats"] if r["spread"]), default=None)
+            noise = f"; one setting run twice differed by {spread:.2f}x" if spread else ""
             for target, what, which, figure in checks:
                 if target in want:
                     out.append(f"- {key}, f={f}{' (steady)' if calm else ''}: the strongest steered policy "
                                f"({o['strongest'] or 'none ran'}) over {what} ({which or '-'}) "
-                               f"{verdict(p[figure] if p else None, want[target])}")
+                               f"{verdict(p[figure] if p else None, want[target])}{noise}")
     return out
