@@ -22,7 +22,7 @@ from rudder.agent.deciders.base import Decider, register_decider
 from rudder.agent.deciders.classifier import budget_of
 from rudder.agent.deciders.heuristic import Heuristic
 from rudder.agent.deciders.tuner import Tuner, actions_of
-from rudder.agent.protocol import DECISION_FIELDS, HELLO_FIELDS, REQUEST_FIELDS, Decision, accept
+from rudder.agent.protocol import DECISION_FIELDS, EVICT, HELLO_FIELDS, KEEP, REQUEST_FIELDS, Decision, accept
 from rudder.agent.samples import random_context
 from rudder.agent.service import DecisionService
 from rudder.logs.schema import FALLBACKS
@@ -216,6 +216,26 @@ def test_heuristic_classifier_and_tuner_answer_valid_actions():
     assert max(range(8), key=later.count) == 2  # the least waiting one, chosen most
 
 
+def test_the_tuner_predicts_each_figure_from_its_chosen_actions_past_windows():
+    """The tuner's hit-rate and communication predictions (and, structured, the wait's): the chosen
+    action's mean of that figure over the windows that followed it, against the latest window's;
+    an action not yet followed by a window predicts nothing moves."""
+    tuner = Tuner(TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "tuner"}))  # paper: keep, evict
+    ctx = random_context(np.random.default_rng(3))
+    decisions = []
+    for hitrate, comm, wait in ((0.0, 0.0, 0.0), (50.0, 10.0, 0.1), (40.0, 30.0, 0.5), (60.0, 5.0, 0.2)):
+        ctx.latest.update(hitrate=hitrate, comm_volume=comm, wait_share=wait)
+        decisions.append(tuner.decide(ctx))
+    # keep (tried first), evict, keep again (its wait share was lower), then evict (UCB's exploration)
+    assert [d.decision for d in decisions] == [KEEP, EVICT, KEEP, EVICT]
+    assert [(d.hitrate_impact, d.comm_impact) for d in decisions[:2]] == [("stagnant", "stagnant")] * 2
+    assert (decisions[2].hitrate_impact, decisions[2].comm_impact) == ("increase", "decrease")  # keep: 50, 10
+    assert all(d.wait_impact is None for d in decisions)  # the paper's action predicts no wait
+    kept = tuner.arms[0]
+    assert kept.observed == [2, 1] and kept.seen["comm_volume"] == [10.0 + 5.0, 30.0]
+    assert (decisions[3].hitrate_impact, decisions[3].comm_impact) == ("decrease", "increase")  # evict: 40, 30
+
+
 def test_the_tuner_resumes_from_its_checkpointed_arms():
     """A checkpoint keeps what the tuner learnt: a tuner restored from ``state_dict`` decides as the
     one that went on, where a fresh one starts trying every arm again; arms that do not match the
@@ -244,6 +264,10 @@ def test_the_tuner_resumes_from_its_checkpointed_arms():
     expected = run(going_on, waits[30:])
     assert run(restored, waits[30:]) == expected
     assert run(fresh, waits[30:]) != expected
+    legacy = Tuner(cfg)  # a checkpoint from before the predictions' sums: the same choices
+    legacy.load_state_dict({"arms": {rank: {k: a[k] for k in ("pulls", "total", "last")}
+                                     for rank, a in state["arms"].items()}})
+    assert run(legacy, waits[30:]) == expected
     partial = Tuner(cfg)  # a trainer that has not asked since the resume keeps its saved arms
     partial.load_state_dict(state)
     partial.decide(ctxs[0])

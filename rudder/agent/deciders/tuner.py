@@ -5,9 +5,10 @@ where the buffer looks ahead), with ``paper`` keep and evict. Each action's rewa
 wait share of the window reported after it (the share of step time the training thread waited
 for its inputs, as measured), so it learns which budget costs the steps least as conditions go;
 where nobody waits, every action scores alike and it goes on trying them in turn, which then
-costs no time either. Every action is tried once, in order, before any is repeated. Its predicted
-wait (structured): the chosen action's mean wait share so far against the latest window's, higher
-"increase", lower "decrease", untried or equal "stagnant"."""
+costs no time either. Every action is tried once, in order, before any is repeated. Its
+predictions, for the hit rate, the communication volume and (structured) the wait: the chosen
+action's mean of that figure over the windows that followed it so far, against the latest
+window's: higher "increase", lower "decrease", not yet seen or equal "stagnant"."""
 from __future__ import annotations
 
 import math
@@ -19,6 +20,7 @@ from rudder.agent.protocol import EVICT, KEEP, Decision
 
 FRACTIONS = (0.0, 0.25, 0.5, 1.0)
 EXPLORATION = 1.0  # UCB1's c: rewards lie in [-1, 0]
+PREDICTED = ("hitrate", "comm_volume", "wait_share")  # window figures whose direction it predicts
 
 
 @dataclass
@@ -27,21 +29,45 @@ class Arms:
     pulls: list[int] = field(default_factory=list)
     total: list[float] = field(default_factory=list)
     last: int | None = None  # the action chosen last, whose reward the next request reports
+    seen: dict[str, list[float]] = field(default_factory=dict)  # per PREDICTED figure, its sum after each action
+    observed: list[int] = field(default_factory=list)  # windows summed in ``seen``, per action
 
     def __post_init__(self):
         self.pulls, self.total = [0] * len(self.actions), [0.0] * len(self.actions)
+        self.seen, self.observed = {m: [0.0] * len(self.actions) for m in PREDICTED}, [0] * len(self.actions)
 
     def state(self) -> dict:
-        return {"pulls": list(self.pulls), "total": list(self.total), "last": self.last}
+        return {"pulls": list(self.pulls), "total": list(self.total), "last": self.last,
+                "seen": {m: list(v) for m, v in self.seen.items()}, "observed": list(self.observed)}
 
     @classmethod
     def restored(cls, actions: list[Action], state: dict) -> Arms:
-        """Arms over ``actions`` with the statistics a checkpoint saved (``state``)."""
+        """Arms over ``actions`` with the statistics a checkpoint saved (``state``; one saved before
+        the predictions' sums starts them afresh)."""
         if len(state["pulls"]) != len(actions) or len(state["total"]) != len(actions):
             raise ValueError(f"--resume: the tuner's checkpoint has {len(state['pulls'])} arms, this run {len(actions)}")
         arms = cls(actions)
         arms.pulls, arms.total, arms.last = list(state["pulls"]), list(state["total"]), state["last"]
+        if "observed" in state:
+            arms.seen, arms.observed = {m: list(state["seen"][m]) for m in PREDICTED}, list(state["observed"])
         return arms
+
+    def observe(self, latest: dict) -> None:
+        """The window after the last action: its reward (minus the wait share) and the figures it predicts."""
+        if self.last is None:
+            return
+        self.pulls[self.last] += 1
+        self.total[self.last] -= latest["wait_share"]
+        self.observed[self.last] += 1
+        for m in PREDICTED:
+            self.seen[m][self.last] += float(latest[m])
+
+    def direction(self, figure: str, arm: int, now: float) -> str:
+        """``arm``'s mean of ``figure`` so far against ``now`` (IMPACTS)."""
+        if not self.observed[arm]:
+            return "stagnant"
+        mean = self.seen[figure][arm] / self.observed[arm]
+        return "increase" if mean > now else "decrease" if mean < now else "stagnant"
 
     def choose(self) -> int:
         n = sum(self.pulls)
@@ -74,19 +100,16 @@ class Tuner(Decider):
             actions = actions_of(ActionLimits.of(ctx.facts), self.structured)
             self.arms[rank] = Arms.restored(actions, self.saved.pop(rank)) if rank in self.saved else Arms(actions)
         arms = self.arms[rank]
-        reward = -ctx.latest["wait_share"]
-        if arms.last is not None:
-            arms.pulls[arms.last] += 1
-            arms.total[arms.last] += reward
+        arms.observe(ctx.latest)
         arms.last = arms.choose()
         action = arms.actions[arms.last]
         mean = [t / p if p else None for t, p in zip(arms.total, arms.pulls)]
-        expected = mean[arms.last]  # minus the chosen action's mean wait share
-        wait = None if not self.structured else "stagnant" if expected is None or expected == reward else (
-            "decrease" if expected > reward else "increase")
-        return Decision(EVICT if action.evict else KEEP, explanation=f"arm {arms.last} of {len(arms.actions)}",
-                        raw=f'{{"arm": {arms.last}, "reward": {reward:.4f}, "means": {mean}}}',
-                        action=action if self.structured else None, wait_impact=wait)
+        impact = {m: arms.direction(m, arms.last, float(ctx.latest[m])) for m in PREDICTED}
+        return Decision(EVICT if action.evict else KEEP, hitrate_impact=impact["hitrate"],
+                        comm_impact=impact["comm_volume"], explanation=f"arm {arms.last} of {len(arms.actions)}",
+                        raw=f'{{"arm": {arms.last}, "reward": {-ctx.latest["wait_share"]:.4f}, "means": {mean}}}',
+                        action=action if self.structured else None,
+                        wait_impact=impact["wait_share"] if self.structured else None)
 
     def state_dict(self) -> dict:
         """Every trainer's arms: a resumed run goes on from what the tuner had learnt (the arms of
