@@ -159,6 +159,8 @@ def test_a_run_made_by_other_code_is_run_again(tiny):
      "policies = ['none']\n", "feature_dtype must be one of auto"),
     ("[datasets]\na = { spec = 'bundled:cora', rates = ['1gbit'] }\n[grid]\nranks = [2]\nfractions = [0.25]\n"
      "policies = ['none']\n", "has rates but the grid no [network] table"),
+    ("repeats = 0\n[datasets]\na = 'bundled:cora'\n[grid]\nranks = [2]\nfractions = [0.25]\npolicies = ['none']\n",
+     "repeats must be a whole number of runs >= 1, not 0"),
 ])
 def test_a_bad_grid_is_one_line(tmp_path, text, expected):
     grid = tmp_path / "grid.toml"
@@ -166,6 +168,34 @@ def test_a_bad_grid_is_one_line(tmp_path, text, expected):
     proc = evaluate("--grid", grid, "--out", tmp_path / "out")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and expected in proc.stderr and str(grid) in proc.stderr
+
+
+def test_a_repeated_grid_reports_each_settings_median_run(tmp_path):
+    """``repeats = 3``: every policy and sweep setting runs three times (each a run of its own, the
+    same rows: caching and sampling are exact); its row is the run with the median epoch time,
+    every run's time is kept, and the report states the spread; a rebuilt report agrees."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text('name = "repeated"\nepochs = 2\nhidden = 8\nrepeats = 3\n[datasets]\n'
+                    'cora = { spec = "bundled:cora", batch_sizes = [16] }\n[grid]\nranks = [2]\nfractions = [0.25]\n'
+                    'policies = ["none", "static"]\n[oracle]\nlookahead = [2]\n')
+    out = tmp_path / "out"
+    proc = evaluate("--grid", grid, "--seed", "0", "--out", out, "--no-validate")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    (runs,) = [r["runs"] for r in results["grid"]["configs"].values()]
+    assert sorted(runs) == ["none", "static-f0.25", "sweep-lookahead-w2-halo-f0.25"]
+    for label, fig in runs.items():
+        rep = fig["repeats"]
+        assert [os.path.basename(r) for r in rep["runs"]] == [label, f"{label}.rep2", f"{label}.rep3"]
+        assert fig["epoch_seconds"] == sorted(rep["epoch_seconds"])[1] and fig["run"] in rep["runs"]
+        rows = {int(sum((x["minibatches"]["input_remote"] - x["minibatches"]["hits"]).sum()
+                        for x in read_logs(r) if x["role"] == "trainer")) for r in rep["runs"]}
+        assert len(rows) == 1, (label, rows)  # three runs, the same remote rows
+    md = (out / "results.md").read_text()
+    assert "Every policy and setting ran 3 times" in md
+    assert "- cora-p2-b16-f10_25, f=0.25: sweep-lookahead-w2-halo run 1 " in md
+    proc = evaluate("--grid", grid, "--out", out, "--report-only")
+    assert proc.returncode == 0 and (out / "results.md").read_text().split("\n", 3)[3] == md.split("\n", 3)[3]
 
 
 NETWORK_GRID = """

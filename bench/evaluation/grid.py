@@ -54,6 +54,9 @@ def load_grid(path: str) -> dict:
     g.setdefault("fanouts", ["10,25"])
     grid.setdefault("epochs", 5)
     grid.setdefault("hidden", 16)
+    repeats = grid.setdefault("repeats", 1)  # runs of every policy and setting; figures of the median one
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise GridError(f"--grid {path}: repeats must be a whole number of runs >= 1, not {repeats!r}")
     grid.setdefault("policy_flags", {})
     grid.setdefault("policy_ranks", {})
     check_network(grid.get("network"), path)

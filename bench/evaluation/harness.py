@@ -150,6 +150,24 @@ def figures(run_dir: str, data_dir: str) -> dict:
     return row
 
 
+def repeated(run_dir: str, repeats: int) -> list[str]:
+    """The directories of a run repeated ``repeats`` times: its own, then ``<run_dir>.rep2``, ..."""
+    return [run_dir] + [f"{run_dir}.rep{k}" for k in range(2, repeats + 1)]
+
+
+def median_figures(run_dirs: list[str], data_dir: str) -> dict:
+    """``figures`` of one setting run once or more: those of the run with the median epoch time
+    (the lower one of an even count), so every figure comes from one real run; with more than one,
+    ``repeats`` holds every run and its epoch time (their spread is the noise of a single run)."""
+    figs = [figures(d, data_dir) for d in run_dirs]
+    if len(figs) == 1:
+        return figs[0]
+    by_time = sorted(range(len(figs)), key=lambda i: (figs[i]["epoch_seconds"] is None, figs[i]["epoch_seconds"] or 0.0))
+    median = dict(figs[by_time[(len(figs) - 1) // 2]])
+    median["repeats"] = {"runs": [f["run"] for f in figs], "epoch_seconds": [f["epoch_seconds"] for f in figs]}
+    return median
+
+
 def run_grid(h: Harness, datasets: dict) -> dict:
     """Every policy on every configuration; the classifiers in between (trained on the seen
     datasets' fixed runs before any classifier run)."""
@@ -167,18 +185,19 @@ def run_grid(h: Harness, datasets: dict) -> dict:
         if cfg.ranks not in h.grid["policy_ranks"].get(policy, [cfg.ranks]):
             return
         label = policy if fraction is None else f"{policy}-f{fraction}"
-        run_dir = os.path.join(h.out, "runs", cfg.key, label)
-        done = h.train(parts_of[cfg], run_dir, cfg.ranks, policy, [*base(cfg), *policy_flags(h.grid, policy, fraction, model)],
-                       cfg.network)
-        if done:
-            results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts_of[cfg], "runs": {}})
-            results[cfg.key]["runs"][label] = figures(done, parts_of[cfg])
-        if done and cfg.network:  # its floor needs its compute-only run: unshaped, every partition on one node
+        flags = [*base(cfg), *policy_flags(h.grid, policy, fraction, model)]
+        done = [d for d in (h.train(parts_of[cfg], run_dir, cfg.ranks, policy, flags, cfg.network)
+                            for run_dir in repeated(os.path.join(h.out, "runs", cfg.key, label), h.grid["repeats"])) if d]
+        if not done:
+            return
+        results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts_of[cfg], "runs": {}})
+        fig = results[cfg.key]["runs"][label] = median_figures(done, parts_of[cfg])
+        if cfg.network:  # its floor needs its compute-only run (once): unshaped, every partition on one node
             plain = dataclasses.replace(cfg, network=None)
             alone = h.train(parts_of[cfg], os.path.join(h.out, "runs", f"{plain.key}-1node", label), cfg.ranks, policy,
-                            [*base(cfg), *policy_flags(h.grid, policy, fraction, model)], nodes=1)
+                            flags, nodes=1)
             if alone:
-                results[cfg.key]["runs"][label]["floor"] = floor(done, alone, cfg.network.links)
+                fig["floor"] = floor(fig["run"], alone, cfg.network.links)
 
     for cfg in configurations(h.grid, datasets):  # every policy but the classifier first
         for policy in (p for p in policies if p in FRACTION_FREE):
@@ -204,11 +223,11 @@ def sweep(h: Harness, cfg, parts: str, base: list[str], setting, fraction, resul
     """One fixed setting of the [oracle] sweep (bench/evaluation/sweep.py) on ``cfg``: its run under
     the configuration's network, without a compute-only run (the oracle compares epoch times, not floors)."""
     label = setting.label(fraction)
-    done = h.train(parts, os.path.join(h.out, "runs", cfg.key, label), cfg.ranks, setting.name,
-                   [*base, *setting.flags(fraction)], cfg.network)
+    done = [d for d in (h.train(parts, run_dir, cfg.ranks, setting.name, [*base, *setting.flags(fraction)], cfg.network)
+                        for run_dir in repeated(os.path.join(h.out, "runs", cfg.key, label), h.grid["repeats"])) if d]
     if done:
         results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts, "runs": {}})
-        results[cfg.key]["runs"][label] = figures(done, parts)
+        results[cfg.key]["runs"][label] = median_figures(done, parts)
 
 
 def train_classifiers(h: Harness, results: dict) -> dict:

@@ -33,16 +33,21 @@ def best(candidates: dict, figure: str) -> tuple[str, dict] | None:
 
 def repeats(candidates: dict) -> list[dict]:
     """Fixed settings that ran more than once (the grid's own fixed or lookahead run and the sweep's
-    run of the same setting): their labels, epoch times and spread (slowest over fastest), the
-    noise of a single run, which picking the best of many single runs favours."""
-    by_setting = {}
+    run of the same setting, and a grid's ``repeats``): their labels, epoch times and spread
+    (slowest over fastest), the noise of a single run, which picking the best of many single runs
+    favours. A label stands for its median run where the grid repeats every run."""
+    def spread(seconds):
+        return {"epoch_seconds": seconds, "spread": ratio(max(seconds), min(seconds))}
+
+    by_setting, out = {}, []
     for label, fig in candidates.items():
         if fig.get("setting") and isinstance(fig.get("epoch_seconds"), (int, float)):
             by_setting.setdefault(fig["setting"], []).append(label)
-    return [{"labels": labels, "epoch_seconds": [candidates[k]["epoch_seconds"] for k in labels],
-             "spread": ratio(max(candidates[k]["epoch_seconds"] for k in labels),
-                             min(candidates[k]["epoch_seconds"] for k in labels))}
-            for labels in by_setting.values() if len(labels) > 1]
+        times = [t for t in (fig.get("repeats") or {}).get("epoch_seconds", []) if isinstance(t, (int, float))]
+        if len(times) > 1:
+            out.append({"labels": [f"{label} run {i + 1}" for i in range(len(times))], **spread(times)})
+    return [{"labels": labels, **spread([candidates[k]["epoch_seconds"] for k in labels])}
+            for labels in by_setting.values() if len(labels) > 1] + out
 
 
 def hindsight(grid: dict, runs: dict, fraction) -> dict | None:

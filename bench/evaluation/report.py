@@ -16,7 +16,7 @@ import numpy as np
 
 from bench.evaluation.floor import floor
 from bench.evaluation.grid import FRACTION_FREE, REPO, Network
-from bench.evaluation.harness import Harness, figures
+from bench.evaluation.harness import Harness, median_figures
 from bench.evaluation.network_report import floor_table, pass_cell, targets
 from bench.evaluation.oracle import oracle_section, oracle_targets
 
@@ -104,6 +104,10 @@ def report(h: Harness, results: dict, command: str) -> str:
                    commit=results["commit"], machine=results["machine"],
                    out=os.path.relpath(h.out, REPO) if h.out.startswith(REPO) else h.out,
                    epochs=g["epochs"], hidden=g["hidden"], cores=os.cpu_count(),
+                   repeated="" if g["repeats"] == 1 else (
+                       f" Every policy and setting ran {g['repeats']} times; each row is the run with the median "
+                       "epoch time (the lower one of an even count; every run's epoch time is in results.json, and "
+                       "their spread under the hindsight oracle)."),
                    transport=fill("transport_shaped" if g.get("network") else "transport_loopback")[0]), ""]
     if results["skipped_datasets"]:
         lines += ["Datasets skipped: " + "; ".join(results["skipped_datasets"]), ""]
@@ -236,9 +240,9 @@ def rebuild_report(h: Harness, publish: str | None) -> int:
         return 2
     for r in results["grid"]["configs"].values():
         for label, fig in r["runs"].items():
-            r["runs"][label] = figures(fig["run"], r["parts"])
+            new = r["runs"][label] = median_figures((fig.get("repeats") or {}).get("runs") or [fig["run"]], r["parts"])
             if fig.get("floor"):
-                r["runs"][label]["floor"] = floor(fig["run"], fig["floor"]["compute_only_run"], r["config"]["network"]["links"])
+                new["floor"] = floor(new["run"], fig["floor"]["compute_only_run"], r["config"]["network"]["links"])
     h.not_run, h.failed, h.seed = results["not_run"], results["failed"], results["seed"]
     results.setdefault("finished", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(path))))
     results.setdefault("command", json.load(open(os.path.join(h.out, "grid.json")))["command"])
