@@ -177,13 +177,13 @@ def test_a_repeated_grid_reports_each_settings_median_run(tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text('name = "repeated"\nepochs = 2\nhidden = 8\nrepeats = 3\n[datasets]\n'
                     'cora = { spec = "bundled:cora", batch_sizes = [16] }\n[grid]\nranks = [2]\nfractions = [0.25]\n'
-                    'policies = ["none", "static"]\n[oracle]\nlookahead = [2]\n')
+                    'policies = ["none"]\n[oracle]\nlookahead = [2]\n')
     out = tmp_path / "out"
     proc = evaluate("--grid", grid, "--seed", "0", "--out", out, "--no-validate")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     (runs,) = [r["runs"] for r in results["grid"]["configs"].values()]
-    assert sorted(runs) == ["none", "static-f0.25", "sweep-lookahead-w2-halo-f0.25"]
+    assert sorted(runs) == ["none", "sweep-lookahead-w2-halo-f0.25"]
     for label, fig in runs.items():
         rep = fig["repeats"]
         assert [os.path.basename(r) for r in rep["runs"]] == [label, f"{label}.rep2", f"{label}.rep3"]
