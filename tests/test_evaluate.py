@@ -171,8 +171,8 @@ def test_a_bad_grid_is_one_line(tmp_path, text, expected):
 
 
 def test_a_repeated_grid_reports_each_settings_median_run(tmp_path):
-    """``repeats = 3``: every policy and sweep setting runs three times (each a run of its own, the
-    same rows: caching and sampling are exact); its row is the run with the median epoch time,
+    """``repeats = 3``: every policy and sweep setting runs three times, in rounds over the grid (each
+    a run of its own, the same rows: caching and sampling are exact); its row is the run with the median epoch time,
     every run's time is kept, and the report states the spread; a rebuilt report agrees."""
     grid = tmp_path / "grid.toml"
     grid.write_text('name = "repeated"\nepochs = 2\nhidden = 8\nrepeats = 3\n[datasets]\n'
@@ -184,6 +184,11 @@ def test_a_repeated_grid_reports_each_settings_median_run(tmp_path):
     results = json.loads((out / "results.json").read_text())
     (runs,) = [r["runs"] for r in results["grid"]["configs"].values()]
     assert sorted(runs) == ["none", "sweep-lookahead-w2-halo-f0.25"]
+    # in rounds over the whole grid, not each setting's repetitions back to back
+    order = [line.split("runs/", 1)[1].split("/", 1)[1].split(" ")[0] for line in proc.stdout.splitlines()
+             if " ran runs/" in line]
+    assert order == ["none", "sweep-lookahead-w2-halo-f0.25"] + [f"{label}.rep{k}" for k in (2, 3)
+                                                                for label in ("none", "sweep-lookahead-w2-halo-f0.25")]
     for label, fig in runs.items():
         rep = fig["repeats"]
         assert [os.path.basename(r) for r in rep["runs"]] == [label, f"{label}.rep2", f"{label}.rep3"]

@@ -169,8 +169,10 @@ def median_figures(run_dirs: list[str], data_dir: str) -> dict:
 
 
 def run_grid(h: Harness, datasets: dict) -> dict:
-    """Every policy on every configuration; the classifiers in between (trained on the seen
-    datasets' fixed runs before any classifier run)."""
+    """Every policy on every configuration, then the [oracle] sweep, in rounds of the grid's
+    ``repeats`` (so a drift of the host's speed spreads over every setting, not over one setting's
+    repetitions); the classifiers after (trained on the seen datasets' fixed runs before any
+    classifier run)."""
     g = h.grid["grid"]
     policies = g["policies"]
     results: dict = {}
@@ -180,54 +182,59 @@ def run_grid(h: Harness, datasets: dict) -> dict:
                                     h.grid["datasets"][cfg.dataset].get("feature_dtype", "auto"))
     base = lambda cfg: [*(["--batch-size", str(cfg.batch_size)] if cfg.batch_size else []), "--fanouts", cfg.fanouts,  # noqa: E731
                         *shift_flags(cfg.shift)]
+    finished: dict = {}  # (configuration, label): the run directories that finished, in order
+    compute_only: dict = {}  # (configuration, label): its compute-only run, for the floor
 
-    def run(cfg, policy, fraction, model=None):
+    def train(cfg, label, name, flags, rep) -> str | None:
+        run_dir = repeated(os.path.join(h.out, "runs", cfg.key, label), h.grid["repeats"])[rep]
+        done = h.train(parts_of[cfg], run_dir, cfg.ranks, name, flags, cfg.network)
+        if done:
+            finished.setdefault((cfg, label), []).append(done)
+        return done
+
+    def run(cfg, policy, fraction, model=None, rep=0):
         if cfg.ranks not in h.grid["policy_ranks"].get(policy, [cfg.ranks]):
             return
         label = policy if fraction is None else f"{policy}-f{fraction}"
         flags = [*base(cfg), *policy_flags(h.grid, policy, fraction, model)]
-        done = [d for d in (h.train(parts_of[cfg], run_dir, cfg.ranks, policy, flags, cfg.network)
-                            for run_dir in repeated(os.path.join(h.out, "runs", cfg.key, label), h.grid["repeats"])) if d]
-        if not done:
-            return
-        results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts_of[cfg], "runs": {}})
-        fig = results[cfg.key]["runs"][label] = median_figures(done, parts_of[cfg])
-        if cfg.network:  # its floor needs its compute-only run (once): unshaped, every partition on one node
+        if train(cfg, label, policy, flags, rep) and cfg.network and rep == 0:
+            # its floor needs its compute-only run (once): unshaped, every partition on one node
             plain = dataclasses.replace(cfg, network=None)
             alone = h.train(parts_of[cfg], os.path.join(h.out, "runs", f"{plain.key}-1node", label), cfg.ranks, policy,
                             flags, nodes=1)
             if alone:
-                fig["floor"] = floor(fig["run"], alone, cfg.network.links)
+                compute_only[(cfg, label)] = alone
 
-    for cfg in configurations(h.grid, datasets):  # every policy but the classifier first
-        for policy in (p for p in policies if p in FRACTION_FREE):
-            run(cfg, policy, None)
-        for fraction in g["fractions"]:
-            for policy in (p for p in policies if p not in FRACTION_FREE and p != "classifier"):
-                run(cfg, policy, fraction)
-    for cfg in configurations(h.grid, datasets):  # the [oracle] sweep, once every policy ran
-        for fraction in g["fractions"]:
-            for setting in settings(h.grid):
-                sweep(h, cfg, parts_of[cfg], base(cfg), setting, fraction, results)
+    def collect():
+        """Each finished setting's figures: its median run's, with its floor."""
+        for (cfg, label), dirs in finished.items():
+            results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts_of[cfg], "runs": {}})
+            fig = results[cfg.key]["runs"][label] = median_figures(dirs, parts_of[cfg])
+            if (cfg, label) in compute_only:
+                fig["floor"] = floor(fig["run"], compute_only[(cfg, label)], cfg.network.links)
+
+    for rep in range(h.grid["repeats"]):
+        for cfg in configurations(h.grid, datasets):  # every policy but the classifier first
+            for policy in (p for p in policies if p in FRACTION_FREE):
+                run(cfg, policy, None, rep=rep)
+            for fraction in g["fractions"]:
+                for policy in (p for p in policies if p not in FRACTION_FREE and p != "classifier"):
+                    run(cfg, policy, fraction, rep=rep)
+        for cfg in configurations(h.grid, datasets):  # the [oracle] sweep, once every policy ran (no floor:
+            for fraction in g["fractions"]:  # the oracle compares epoch times)
+                for setting in settings(h.grid):
+                    train(cfg, setting.label(fraction), setting.name, [*base(cfg), *setting.flags(fraction)], rep)
+    collect()
     classifiers = None
     if "classifier" in policies:
         classifiers = train_classifiers(h, results)
         if classifiers.get("model"):
-            for cfg in configurations(h.grid, datasets):
-                for fraction in g["fractions"]:
-                    run(cfg, "classifier", fraction, classifiers["model"])
+            for rep in range(h.grid["repeats"]):
+                for cfg in configurations(h.grid, datasets):
+                    for fraction in g["fractions"]:
+                        run(cfg, "classifier", fraction, classifiers["model"], rep)
+            collect()
     return {"configs": results, "classifiers": classifiers}
-
-
-def sweep(h: Harness, cfg, parts: str, base: list[str], setting, fraction, results: dict) -> None:
-    """One fixed setting of the [oracle] sweep (bench/evaluation/sweep.py) on ``cfg``: its run under
-    the configuration's network, without a compute-only run (the oracle compares epoch times, not floors)."""
-    label = setting.label(fraction)
-    done = [d for d in (h.train(parts, run_dir, cfg.ranks, setting.name, [*base, *setting.flags(fraction)], cfg.network)
-                        for run_dir in repeated(os.path.join(h.out, "runs", cfg.key, label), h.grid["repeats"])) if d]
-    if done:
-        results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts, "runs": {}})
-        results[cfg.key]["runs"][label] = median_figures(done, parts)
 
 
 def train_classifiers(h: Harness, results: dict) -> dict:
