@@ -155,7 +155,7 @@ def oracle_targets(grid: dict, configs: dict) -> list[str]:
                 ("over_oracle", "the hindsight-best fixed setting", o["by_time"] and o["by_time"]["setting"], "over_oracle"),
                 ("over_static", "the better static", o["better_static"], "over_static")]
             spread = max((r["spread"] for r in o["repeats"] if r["spread"]), default=None)
-            noise = f"; one setting run twice differed by {spread:.2f}x" if spread else ""
+            noise = f"; identical runs differed by up to {spread:.2f}x" if spread else ""
             for target, what, which, figure in checks:
                 if target in want:
                     out.append(f"- {key}, f={f}{' (steady)' if calm else ''}: the strongest steered policy "
