@@ -206,10 +206,12 @@ def run_grid(h: Harness, datasets: dict) -> dict:
                 compute_only[(cfg, label)] = alone
 
     def collect():
-        """Each finished setting's figures: its median run's, with its floor."""
+        """Each finished setting's figures, once: its median run's, with its floor."""
         for (cfg, label), dirs in finished.items():
-            results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts_of[cfg], "runs": {}})
-            fig = results[cfg.key]["runs"][label] = median_figures(dirs, parts_of[cfg])
+            runs = results.setdefault(cfg.key, {"config": dataclasses.asdict(cfg), "parts": parts_of[cfg], "runs": {}})["runs"]
+            if label in runs:  # collected before the classifier runs
+                continue
+            fig = runs[label] = median_figures(dirs, parts_of[cfg])
             if (cfg, label) in compute_only:
                 fig["floor"] = floor(fig["run"], compute_only[(cfg, label)], cfg.network.links)
 

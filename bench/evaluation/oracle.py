@@ -120,10 +120,12 @@ def oracle_section(grid: dict, configs: dict) -> list[str]:
                          f"| {fmt(vip.get('epoch_seconds'), '.3f')} | {fmt(deg.get('rows_per_epoch'), ',.0f')} "
                          f"| {fmt(vip.get('rows_per_epoch'), ',.0f')} | {fmt(o['vip_over_degree_rows'], '.3f')} "
                          f"| {fmt(o['min_rows'], ',.0f')} | {fmt(t.get('rows_over_min'), '.3f')} |")
-    twice = [f"- {key}, f={f}: " + "; ".join(
-        ", ".join(f"{label} {fmt(sec, '.3f')} s" for label, sec in zip(r["labels"], r["epoch_seconds"]))
-        + f" ({fmt(r['spread'], '.3f')}x)" for r in o["repeats"]) for key, at in found.items() for f, o in at.items()
-        if o["repeats"]]
+    def stated(r):
+        times = ", ".join(f"{label} {fmt(sec, '.3f')} s" for label, sec in zip(r["labels"], r["epoch_seconds"]))
+        return f"{times} ({fmt(r['spread'], '.3f')}x)"
+
+    twice = [f"- {key}, f={f}: " + "; ".join(stated(r) for r in o["repeats"])
+             for key, at in found.items() for f, o in at.items() if o["repeats"]]
     if twice:
         lines += ["", "One setting run more than once (identical options), the spread of single runs:", "", *twice]
     lines += ["", "| configuration | f | policy | epoch s | x best fixed (time) | x better static | rows/epoch "
