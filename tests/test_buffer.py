@@ -339,6 +339,18 @@ def test_a_split_buffers_quotas_follow_the_claims():
         buf.replace(look, False, claim=100)
     rep = buf.replace(buf.lookup(cold), True, claim=100)
     assert rep.slots.size == 10 and (buf.owner == 0).all() and set(rep.inserted.tolist()) == set(cold.tolist())
+    # a trainer below its quota takes the slots owed to it before its own colder ones, even when a
+    # budget of one binds
+    node = node_of_three("quota")
+    cold = np.setdiff1d(np.arange(10, 50), node[0].ids)
+    for _ in range(3):  # every slot cold; trainers 0 and 2 claim little, and trainer 1 misses rows
+        for claim, b in zip((1, 100, 1), node):
+            b.replace(b.lookup(cold[:4]), False, claim=claim)
+    donors = node[0].ids[node[0].owner != 1]
+    node[0].replace(node[0].lookup(donors), False)  # hits: the others' slots stay warmer than trainer 1's
+    assert node[1].quotas().tolist() == [0, 20, 0] and node[1].held.tolist() == [7, 7, 6]
+    rep = node[1].replace(node[1].lookup(cold[:4]), True, budget=1)
+    assert rep.slots.size == 1 and np.isin(rep.evicted, donors).all() and node[1].held.tolist() == [6, 8, 6]
     # one trainer a node is split too (its limits then admit the claim that the llm's grammar asks for)
     alone = ScoredBuffer(BufferSettings(0.5, "degree", split="quota"), np.arange(10, 30), np.arange(20), (0, 10), 40, 1,
                          np.random.default_rng(0), trainer=0, trainers=1)

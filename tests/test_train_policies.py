@@ -151,8 +151,11 @@ def test_node_shared_buffer(tmp_path):
                         ("quota", [*steered, "--delta", "2", "--buffer-sharing", "node", "--buffer-split", "quota"])):
         run = str(tmp_path / name)
         ranks = 6 if name == "quota" else 4  # an agent rank per node: world ranks 4 and 5
+        # batches of 4 seeds: about 45 minibatches a trainer, so the steered run makes about 25 decisions a
+        # trainer, and a slot changing hands does not hang on which of a few replacements lands first
         proc = run_train(ranks, "--data", parts, "--run-dir", run, "--partition-mode", "node", "--epochs", "5",
-                         "--eval-every", "0", "--progress", "none", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+                         "--batch-size", "4", "--eval-every", "0", "--progress", "none", *flags,
+                         env={"MPIR_CVAR_NUM_CLIQUES": "2"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         logs[name] = [log for log in read_logs(run) if log["role"] == "trainer"]
         assert all(log["status"] == "completed" for log in logs[name])

@@ -33,8 +33,8 @@ trainer replaces only slots it holds, with its own most-missed rows, while hits 
 every slot. Each trainer claims a weight (``claim``: equal at first, then its agent's action
 ``share``); its quota is its part of the capacity by the claims (largest remainders, ties by
 trainer). A trainer below its quota takes, when it replaces, the eviction candidates of those
-above theirs, lowest-scored first, never more than their surplus; one above its quota keeps its
-slots until another takes them. So a re-split moves slots only through ordinary replacements,
+above theirs, lowest-scored first, never more than their surplus, before any of its own; one
+above its quota keeps its slots until another takes them. So a re-split moves slots only through ordinary replacements,
 and every row a trainer reads is a row the store holds (the exactness tests cover it).
 
 ``compat=True`` reproduces the reference code exactly, including its quirk (spec 1.6 item 10):
@@ -218,29 +218,31 @@ class ScoredBuffer(PrefetchBuffer):
         quota[np.argsort(-remainder, kind="stable")[:self.capacity - int(quota.sum())]] += 1
         return quota
 
-    def own_candidates(self, cand: np.ndarray) -> np.ndarray:
+    def own_candidates(self, cand: np.ndarray) -> tuple[np.ndarray, int]:
         """Of the eviction candidates ``cand`` (node ID order), those this trainer may replace in a
-        split buffer: its own, and while it holds fewer than its quota, others' candidates from
-        trainers above theirs, lowest-scored first (ties by node ID), at most each one's surplus
-        and this trainer's deficit. The order of ``cand`` is kept."""
+        split buffer, and how many of them come first because they are owed: while it holds fewer
+        than its quota, others' candidates from trainers above theirs, lowest-scored first (ties
+        by node ID), at most each one's surplus and this trainer's deficit; then its own. Owed
+        slots go first so that a replacement smaller than the candidates (too few missed rows, a
+        refill budget) still moves them: else a claim could wait many replacements to be met.
+        Each part keeps the order of ``cand``."""
         if self.owner is None:
-            return cand
+            return cand, 0
         quota, held = self.quotas(), self.held
         mine = self.owner[cand] == self.trainer
         deficit = int(quota[self.trainer] - held[self.trainer])
         surplus = np.maximum(held - quota, 0)
         others = np.flatnonzero(~mine & (surplus[self.owner[cand]] > 0))
         if deficit <= 0 or not others.size:
-            return cand[mine]
+            return cand[mine], 0
         others = others[np.argsort(self.score[cand[others]], kind="stable")]  # lowest-scored first
         donor = self.owner[cand[others]]
         by_donor = np.argsort(donor, kind="stable")  # each donor's candidates in score order
         first = np.searchsorted(donor[by_donor], donor[by_donor])
         rank = np.empty(others.size, dtype=np.int64)
         rank[by_donor] = np.arange(others.size) - first
-        given = others[rank < surplus[donor]][:deficit]
-        mine[given] = True
-        return cand[mine]
+        owed = np.sort(others[rank < surplus[donor]][:deficit])
+        return np.concatenate([cand[owed], cand[mine]]), int(owed.size)
 
     def eviction_candidates(self) -> np.ndarray:
         """Slots with S_E below the threshold, in node ID order (pending tokens and sentinels
@@ -249,13 +251,14 @@ class ScoredBuffer(PrefetchBuffer):
         return cand[np.argsort(self.ids[cand], kind="stable")]
 
     def _replace(self, pending: bool, budget: int | None = None) -> Replacement:
-        cand = self.own_candidates(self.eviction_candidates())
+        cand, owed = self.own_candidates(self.eviction_candidates())
         counts = self.miss_count
         take = most_missed(counts, cand.size)
         k = take.size
         slots = cand[:k]
-        if budget is not None and budget < k:  # the worst ``budget`` candidates (by score, ties in ID order) go
-            worst = np.argsort(self.score[cand], kind="stable")[:max(budget, 0)]
+        if budget is not None and budget < k:  # the owed, then the worst candidates (by score, ties in ID order) go
+            worst = np.concatenate([np.arange(owed), owed + np.argsort(self.score[cand[owed:]], kind="stable")])
+            worst = worst[:max(budget, 0)]
             k, slots, take = worst.size, cand[np.sort(worst)], take[:worst.size]
         inserted = self.index.node_of(take)
         evicted = self.ids[slots].copy()
