@@ -192,6 +192,7 @@ def test_a_repeated_grid_reports_each_settings_median_run(tmp_path):
     for label, fig in runs.items():
         rep = fig["repeats"]
         assert [os.path.basename(r) for r in rep["runs"]] == [label, f"{label}.rep2", f"{label}.rep3"]
+        assert rep["rounds"] == [1, 2, 3]
         assert fig["epoch_seconds"] == sorted(rep["epoch_seconds"])[1] and fig["run"] in rep["runs"]
         rows = {int(sum((x["minibatches"]["input_remote"] - x["minibatches"]["hits"]).sum()
                         for x in read_logs(r) if x["role"] == "trainer")) for r in rep["runs"]}

@@ -4,7 +4,8 @@ tables are one line naming the key; from a synthetic results table the best fixe
 picked by epoch time and by rows separately, the steered policies are stated against it and the
 better static, and [targets.oracle] is checked where it applies (congested vs steady). The
 smoke grid bench/grids/oracle-tiny.toml and the agent grid load. A setting run twice (identical
-options but for bookkeeping) is found and its spread stated beside the targets."""
+options but for bookkeeping) is found and its spread stated beside the targets. With repeats, each
+steered run is paired with the oracle's and the static's run of its own round."""
 from __future__ import annotations
 
 import os
@@ -211,3 +212,37 @@ def test_a_setting_is_every_option_but_bookkeeping():
     twin = {**flat, "run_dir": "elsewhere", "trace": True, "collect_traces": True, "progress": "none"}
     assert setting_of(flat) == setting_of(twin)
     assert setting_of(flat) != setting_of({**flat, "delta": 4})
+
+
+def repeated_fig(seconds: dict, rows: int) -> dict:
+    """A setting run in several rounds ({round: epoch seconds}): its median run's figures, as the harness keeps them."""
+    times = list(seconds.values())
+    return {**fig(sorted(times)[(len(times) - 1) // 2], rows),
+            "repeats": {"runs": [f"r.rep{k}" for k in seconds], "rounds": list(seconds), "epoch_seconds": times}}
+
+
+def test_with_repeats_each_steered_run_is_paired_with_the_oracles_run_of_its_round(tmp_path):
+    """The host slows between rounds: the median runs compare a fast round's oracle with a slow
+    round's steered run, the paired ratios do not, and the targets judge their median."""
+    grid = load_grid(write(tmp_path, GRID + ORACLE + "[targets.oracle]\nover_oracle = 0.95\nover_static = 0.9\n"))
+    runs = {"static-f0.25": repeated_fig({1: 2.0, 2: 3.0, 3: 3.1}, 700),
+            "static-vip-f0.25": repeated_fig({1: 2.1, 2: 3.2, 3: 3.3}, 650),
+            "sweep-fixed-d8-b0.25-remote-f0.25": repeated_fig({1: 1.0, 2: 1.5, 3: 1.6}, 600),
+            "tuner-f0.25": repeated_fig({1: 0.9, 2: 1.6, 3: 1.4}, 610),
+            "heuristic-f0.25": repeated_fig({2: 1.5}, 600)}  # one round only: no pairs
+    o = hindsight(grid, runs, 0.25)
+    t = o["steered"]["tuner"]
+    assert t["over_oracle"] == pytest.approx(1.4 / 1.5)  # median runs: rounds 3 and 2
+    assert t["paired_over_oracle"]["rounds"] == [1, 2, 3]
+    assert t["paired_over_oracle"]["ratios"] == pytest.approx([0.9, 1.6 / 1.5, 1.4 / 1.6])
+    assert t["paired_over_oracle"]["median"] == pytest.approx(0.9)
+    assert o["better_static"] == "static" and t["paired_over_static"]["median"] == pytest.approx(1.4 / 3.1)
+    assert o["steered"]["heuristic"]["paired_over_oracle"] is None
+    lines = oracle_section(grid, configs(runs=runs))
+    assert ("| a-p2 | 0.25 | tuner | 0.900 | 1: 0.900, 2: 1.067, 3: 0.875 | 0.452 | 1: 0.450, 2: 0.533, 3: 0.452 |"
+            in lines)
+    assert not any("| heuristic | " in line and line.count("|") == 8 for line in lines)
+    (over_oracle, _) = oracle_targets(grid, configs("square:600mbit,period=2", runs=runs))
+    assert over_oracle.startswith("- a-p2, f=0.25: the strongest steered policy (tuner) over the hindsight-best fixed "
+                                  "setting (sweep-fixed-d8-b0.25-remote) met: 0.90x (target <= 0.95x) (paired by round, "
+                                  "the median of 3: 0.90, 1.07, 0.87)")

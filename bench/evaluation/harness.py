@@ -155,6 +155,12 @@ def repeated(run_dir: str, repeats: int) -> list[str]:
     return [run_dir] + [f"{run_dir}.rep{k}" for k in range(2, repeats + 1)]
 
 
+def round_of(run_dir: str) -> int:
+    """The round (1, 2, ...) of a directory that ``repeated`` named."""
+    head, _, k = run_dir.rpartition(".rep")
+    return int(k) if head and k.isdigit() else 1
+
+
 def median_figures(run_dirs: list[str], data_dir: str) -> dict:
     """``figures`` of one setting run once or more: those of the run with the median epoch time
     (the lower one of an even count), so every figure comes from one real run; with more than one,
@@ -164,7 +170,8 @@ def median_figures(run_dirs: list[str], data_dir: str) -> dict:
         return figs[0]
     by_time = sorted(range(len(figs)), key=lambda i: (figs[i]["epoch_seconds"] is None, figs[i]["epoch_seconds"] or 0.0))
     median = dict(figs[by_time[(len(figs) - 1) // 2]])
-    median["repeats"] = {"runs": [f["run"] for f in figs], "epoch_seconds": [f["epoch_seconds"] for f in figs]}
+    median["repeats"] = {"runs": [f["run"] for f in figs], "rounds": [round_of(d) for d in run_dirs],
+                         "epoch_seconds": [f["epoch_seconds"] for f in figs]}
     return median
 
 

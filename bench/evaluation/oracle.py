@@ -6,6 +6,8 @@ stated against it and against the better of the two static buffers (degree and V
 ``[targets.oracle]`` checked on those ratios (docs/evaluation.md, "The hindsight oracle")."""
 from __future__ import annotations
 
+import statistics
+
 from bench.evaluation.grid import steered
 from bench.evaluation.network_report import fmt, pass_cell, ratio, verdict
 from bench.evaluation.sweep import STATICS, SWEEP
@@ -50,6 +52,25 @@ def repeats(candidates: dict) -> list[dict]:
             for labels in by_setting.values() if len(labels) > 1] + out
 
 
+def by_round(fig: dict) -> dict:
+    """A repeated run's epoch time per round of the grid ({round: seconds}; empty when it ran once)."""
+    rep = fig.get("repeats") or {}
+    return {k: sec for k, sec in zip(rep.get("rounds", []), rep.get("epoch_seconds", []))
+            if isinstance(sec, (int, float))}
+
+
+def paired(fig: dict, other: dict | None) -> dict | None:
+    """``fig``'s epoch time over ``other``'s, round by round (both ran in the same round, minutes
+    apart, so a drift of the host between rounds cancels), and the median of those ratios; None
+    where fewer than two rounds have both."""
+    mine, theirs = by_round(fig), by_round(other or {})
+    common = sorted(set(mine) & set(theirs))
+    if len(common) < 2:
+        return None
+    ratios = [mine[k] / theirs[k] for k in common if theirs[k]]
+    return {"rounds": common, "ratios": ratios, "median": statistics.median(ratios)} if ratios else None
+
+
 def hindsight(grid: dict, runs: dict, fraction) -> dict | None:
     """One configuration at one fraction: the hindsight-best fixed setting by epoch time and by rows
     (of the sweep and the grid's own fixed and lookahead runs), the better static by epoch time, and
@@ -70,6 +91,10 @@ def hindsight(grid: dict, runs: dict, fraction) -> dict | None:
             "over_oracle": ratio(fig["epoch_seconds"], by_time[1]["epoch_seconds"] if by_time else None),
             "rows_over_oracle": ratio(fig["rows_per_epoch"], by_rows[1]["rows_per_epoch"] if by_rows else None),
             "over_static": ratio(fig["epoch_seconds"], static[1]["epoch_seconds"] if static else None),
+            # with repeats: against the same two settings round by round (the median run's figures
+            # above compare runs of different rounds)
+            "paired_over_oracle": paired(fig, by_time and by_time[1]),
+            "paired_over_static": paired(fig, static and static[1]),
             "invalid_rate": d.get("invalid_rate"), "latency_p50": d.get("latency_p50"),
             "pass_at_1": d.get("pass_at_1") or {}}
     strongest = min(steered_runs, key=lambda p: steered_runs[p]["epoch_seconds"] or float("inf"), default=None)
@@ -139,7 +164,24 @@ def oracle_section(grid: dict, configs: dict) -> list[str]:
                              f"| {fmt(p['over_static'], '.3f')} ({o['better_static'] or '-'}) "
                              f"| {fmt(p['rows_per_epoch'], ',.0f')} | {fmt(p['rows_over_oracle'], '.3f')} "
                              f"| {fmt(p['invalid_rate'], '.3f')} | {fmt(p['latency_p50'], '.3f')} | {pass_at_1} |")
+    pairs = [(key, f, policy, p) for key, at in found.items() for f, o in at.items() for policy, p in o["steered"].items()
+             if p["paired_over_oracle"] or p["paired_over_static"]]
+    if pairs:
+        lines += ["", "Paired by round (each steered run over the hindsight-best fixed setting's and the better static's "
+                  "run of the same round; the median of the rounds, then each round):", "",
+                  "| configuration | f | policy | x best fixed, median | each round | x better static, median | each round |",
+                  "|---|---|---|---|---|---|---|"]
+        for key, f, policy, p in pairs:
+            cells = [cell for name in ("paired_over_oracle", "paired_over_static") for cell in rounds_cells(p[name])]
+            lines.append(f"| {key} | {f} | {policy} | {' | '.join(cells)} |")
     return lines
+
+
+def rounds_cells(pair: dict | None) -> list[str]:
+    """A paired comparison's median and its rounds' ratios, as two table cells."""
+    if not pair:
+        return ["-", "-"]
+    return [fmt(pair["median"], ".3f"), ", ".join(f"{k}: {r:.3f}" for k, r in zip(pair["rounds"], pair["ratios"]))]
 
 
 def oracle_targets(grid: dict, configs: dict) -> list[str]:
@@ -160,7 +202,11 @@ def oracle_targets(grid: dict, configs: dict) -> list[str]:
             noise = f"; identical runs differed by up to {spread:.2f}x" if spread else ""
             for target, what, which, figure in checks:
                 if target in want:
+                    pair = p and p[f"paired_{figure}"]
+                    value = pair["median"] if pair else (p[figure] if p else None)
+                    how = (f" (paired by round, the median of {len(pair['ratios'])}: "
+                           f"{', '.join(f'{r:.2f}' for r in pair['ratios'])})") if pair else ""
                     out.append(f"- {key}, f={f}{' (steady)' if calm else ''}: the strongest steered policy "
                                f"({o['strongest'] or 'none ran'}) over {what} ({which or '-'}) "
-                               f"{verdict(p[figure] if p else None, want[target])}{noise}")
+                               f"{verdict(value, want[target])}{how}{noise}")
     return out
