@@ -6,14 +6,16 @@
 #   bench/gpu_check.sh --prepare        here, once: wheels into .whl/ and partitions into .gpu-check/
 #   bench/gpu_check.sh --prepare-data   the partitions alone (no download)
 #   bench/gpu_check.sh [--out DIR] [--runs DIR] [--cpu-only] [--datasets "cora4 rmat4"] [--epochs N]
+#                      [--train-args "ARGS"]   (more options for every run, e.g. "--dropout 0 --hidden 256")
 #
 # A run installs what is missing from the carried wheels (the mpich runtime with --prefix
-# $MPICH_PREFIX, default /tmp/mpich; mpi4py into $SITE, default /tmp/site, only if the installed
-# one cannot load it), then for each dataset runs `mpiexec -n 4 python drivers/train.py` on cuda
-# and on cpu, each with --policy none and --policy fixed, MPICH told each rank is a node of its
-# own (so remote rows cross RMA; each rank is then its node's trainer 0, so all four share GPU 0),
-# and prints bench/gpu_report.py's table: accuracy, epoch time, the time breakdown, the share of
-# the epoch the GPU waits for inputs, and whether the runs agree. Without a GPU the CUDA half is
+# $MPICH_PREFIX, default /tmp/mpich, where the MPI that mpi4py loads is not MPICH; mpi4py into
+# $SITE, default /tmp/site, only if the installed one cannot load it), then for each dataset
+# runs `mpiexec -n 4 python drivers/train.py` on cuda and on cpu, each with --policy none and
+# --policy fixed, MPICH told each rank is a node of its own (so remote rows cross RMA; each rank
+# is then its node's trainer 0, so all four share GPU 0), and prints bench/gpu_report.py's table:
+# accuracy, epoch time, the time breakdown, the share of the epoch the GPU waits for inputs, and
+# whether the runs agree. Without a GPU the CUDA half is
 # skipped with the reason. Both folders are ignored by git: carry them (.whl, .gpu-check).
 # The runs' logs go to --runs (default /tmp/gpu-check-runs); --out (default $OUT if set, else
 # .gpu-check/out) gets three files: report.txt, report.json and runs.tar.gz (every run's logs and
@@ -29,6 +31,7 @@ MPICH_PREFIX=${MPICH_PREFIX:-/tmp/mpich}  # where a carried mpich wheel installs
 SITE=${SITE:-/tmp/site}                   # where a carried mpi4py wheel installs
 DATASETS="cora4 rmat4"
 EPOCHS=${EPOCHS:-8}
+TRAIN_ARGS=""
 DEVICES="cuda cpu"
 MODE=run
 while [ $# -gt 0 ]; do
@@ -40,6 +43,7 @@ while [ $# -gt 0 ]; do
     --cpu-only) DEVICES=cpu ;;
     --datasets) DATASETS=$2; shift ;;
     --epochs) EPOCHS=$2; shift ;;
+    --train-args) TRAIN_ARGS=$2; shift ;;
     *) echo "gpu_check.sh: unknown argument $1 (see the header of bench/gpu_check.sh)" >&2; exit 2 ;;
   esac
   shift
@@ -85,22 +89,30 @@ find_mpiexec() {
     [ -n "$candidate" ] && [ -x "$candidate" ] && { echo "$candidate"; return; }
   done
 }
-mpi_loads() { "$PYTHON" -c "from mpi4py import MPI; print('MPI:', MPI.Get_library_version().splitlines()[0])" 2>/dev/null; }
-
-MPIEXEC=$(find_mpiexec)
-if [ -z "$MPIEXEC" ] || ! mpi_loads >/dev/null; then
-  ls "$WHEELS"/mpich-*.whl >/dev/null 2>&1 || { echo "gpu_check.sh: no MPI here and no mpich wheel in $WHEELS (run --prepare first)"; exit 1; }
+mpi_library() { "$PYTHON" -c "from mpi4py import MPI; print('MPI:', MPI.Get_library_version().splitlines()[0])" 2>/dev/null; }
+use_carried_mpich() {
+  # The runs emulate a node per rank with MPIR_CVAR_NUM_CLIQUES, which only MPICH reads: another MPI
+  # (the device image's mpi4py loads an Open MPI) would put all four ranks on one node, where no row
+  # is remote and the buffer policy has nothing to do.
+  ls "$WHEELS"/mpich-*.whl >/dev/null 2>&1 || { echo "gpu_check.sh: no MPICH here ($1) and no mpich wheel in $WHEELS (run --prepare first)"; exit 1; }
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed --prefix "$MPICH_PREFIX" \
     "$WHEELS"/mpich-*.whl || exit 1
   export PATH=$MPICH_PREFIX/bin:$PATH LD_LIBRARY_PATH=$MPICH_PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   MPIEXEC=$MPICH_PREFIX/bin/mpiexec
-  if ! mpi_loads >/dev/null; then  # this mpi4py was built for another MPI: the carried one loads any
+  if ! mpi_library | grep -q '^MPI: MPICH'; then  # this mpi4py was built for another MPI: the carried one loads any
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
       "$WHEELS"/mpi4py-*.whl || exit 1
-    export PYTHONPATH=$SITE:$PYTHONPATH
+    export PYTHONPATH=$SITE:$PYTHONPATH MPI4PY_LIBMPI=$MPICH_PREFIX/lib/libmpi.so.12
   fi
+}
+
+MPIEXEC=$(find_mpiexec)
+if [ -z "$MPIEXEC" ]; then
+  use_carried_mpich "no mpiexec"
+elif ! mpi_library | grep -q '^MPI: MPICH'; then
+  use_carried_mpich "mpi4py loads $(mpi_library || echo no MPI library)"
 fi
-mpi_loads || { echo "gpu_check.sh: mpi4py cannot load an MPI library"; exit 1; }
+mpi_library | grep '^MPI: MPICH' || { echo "gpu_check.sh: mpi4py cannot load an MPICH library ($(mpi_library))"; exit 1; }
 "$PYTHON" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
 if [[ " $DEVICES " == *" cuda "* ]]; then
   reason=$("$PYTHON" -c "import torch; print('' if torch.cuda.is_available() else 'torch.cuda.is_available() is False (torch ' + torch.__version__ + ')')")
@@ -124,7 +136,7 @@ for dataset in $DATASETS; do
       start=$(date +%s)
       MPIR_CVAR_NUM_CLIQUES=4 timeout 300 "$MPIEXEC" -n 4 "$PYTHON" drivers/train.py --data "$parts" --run-dir "$run" \
         --overwrite --device "$device" --policy "$policy" --delta 10 --epochs "$EPOCHS" --eval-every 0 \
-        --progress none > "$run.log" 2>&1
+        --progress none $TRAIN_ARGS > "$run.log" 2>&1
       status=$?
       echo "   exit status $status after $(( $(date +%s) - start )) s (output: $run.log)"
       [ $status -eq 0 ] || tail -5 "$run.log"

@@ -9,7 +9,9 @@ assembly), copy (blocks and inputs onto the device), compute (forward and backwa
 (with the part spent staging gradients through host memory), update; and the share of the epoch
 the training thread, and with it the GPU, waited for inputs. Then, per dataset: whether each
 buffer policy trained bit-identically to no buffer on the same device, and how far the CUDA run
-is from the CPU run with the same policy (first epoch's losses, final accuracy, epoch time).
+is from the CPU run with the same policy (the losses at the first minibatch and over the first
+epoch, final accuracy, epoch time). Dropout masks come from each device's own generator: the
+losses agree to float tolerance only with ``--dropout 0``, and at the first minibatch only then.
 """
 from __future__ import annotations
 
@@ -54,13 +56,23 @@ def agreement(runs: list[dict]) -> list[str]:
                          f"{'bit-identical to' if same else 'DIFFER from'} no buffer")
         cpu = by_key.get((dataset, "cpu", policy))
         if device == "cuda" and cpu is not None:
-            rel = max(float(np.nanmax(np.abs(a[m] - b[m]) / np.maximum(np.abs(b[m]), 1e-12)))
-                      for a, b, m in zip(r["losses"], cpu["losses"], cpu["first_epoch"]))
+            first_step = relative_gap(r["losses"], cpu["losses"], [np.arange(min(a.size, b.size)) == 0
+                                                                   for a, b in zip(r["losses"], cpu["losses"])])
+            first_epoch = relative_gap(r["losses"], cpu["losses"], cpu["first_epoch"])
             acc = (r["test_acc"] - cpu["test_acc"]) if None not in (r["test_acc"], cpu["test_acc"]) else float("nan")
             speed = cpu["epoch_s"] / r["epoch_s"] if r["epoch_s"] and cpu["epoch_s"] else float("nan")
-            lines.append(f"{dataset} --policy {policy}: cuda vs cpu: first epoch's losses within {rel:.1e} (relative), "
-                         f"test accuracy {acc:+.4f}, epoch time {speed:.2f}x faster on cuda")
+            lines.append(f"{dataset} --policy {policy}: cuda vs cpu: losses within {first_step:.1e} (relative) at the "
+                         f"first minibatch, {first_epoch:.1e} over the first epoch; test accuracy {acc:+.4f}; "
+                         f"epoch time cpu / cuda {speed:.2f}x")
     return lines
+
+
+def relative_gap(losses: list, reference: list, masks: list) -> float:
+    """The largest relative difference of the masked losses from the reference's, over the ranks
+    (both runs' trainers take the same minibatches, so their losses align by step)."""
+    gaps = [np.abs(a[:m.size][m] - b[:m.size][m]) / np.maximum(np.abs(b[:m.size][m]), 1e-12)
+            for a, b, m in zip(losses, reference, masks)]
+    return max((float(np.nanmax(g)) for g in gaps if g.size), default=float("nan"))
 
 
 def table(runs: list[dict]) -> str:

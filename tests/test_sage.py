@@ -12,7 +12,7 @@ from conftest import BUNDLED_CORA
 from bench.sage_layer import sampled_minibatches
 from rudder.sampling.neighbors import Layer
 from rudder.train.model import GraphSAGE
-from rudder.train.sage import Block, SAGEConv
+from rudder.train.sage import Block, SAGEConv, _csr_product, _segment_sum
 
 # float32 sums of up to a few hundred terms in another order: a few ulps of the largest term.
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
@@ -136,6 +136,27 @@ def test_block_layout():
     np.add.at(reverse, (block.rev_indices.numpy(), cols), 1)
     assert np.array_equal(reverse, dense)
     assert torch.equal(block.degree.squeeze(1), torch.from_numpy(np.maximum(dense.sum(1), 1)).float())
+
+
+@pytest.mark.parametrize("sizes", [[40, 15], [300, 120], [50, 50]])
+def test_the_gpus_row_sums_are_the_cpus(sizes):
+    """The GPU's row sums (a gather and a segmented reduction) give the CPU's CSR product's bits in
+    both directions of a block with silent and isolated destinations (both sum a row in edge
+    order); on a GPU, where there is one, the same bits on every call (cuSPARSE's product did not)."""
+    rng = np.random.default_rng(sizes[0])
+    block = Block.of(random_layers(sizes, rng)[0])
+    scales = 10.0 ** rng.uniform(-3, 3, (block.num_src, 1))  # rows of very different sizes: order matters
+    x = torch.from_numpy((rng.standard_normal((block.num_src, 7)) * scales).astype(np.float32))
+    grad = torch.from_numpy(rng.standard_normal((block.num_dst, 7), dtype=np.float32))
+    directions = [(block.indptr, block.indices, block.num_dst, x), (*block.reversed_csr(), block.num_src, grad)]
+    for indptr, indices, rows, h in directions:
+        expected = _csr_product(indptr, indices, rows, h)
+        assert torch.equal(_segment_sum(indptr, indices, rows, h), expected)
+        assert not expected[np.diff(indptr.numpy()) == 0].any()
+        if torch.cuda.is_available():
+            on_gpu = [t.cuda() for t in (indptr, indices, h)]
+            first = _segment_sum(on_gpu[0], on_gpu[1], rows, on_gpu[2])
+            assert all(torch.equal(first, _segment_sum(on_gpu[0], on_gpu[1], rows, on_gpu[2])) for _ in range(5))
 
 
 def test_layer_state_dict_loads_into_dgls():

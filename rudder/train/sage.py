@@ -6,10 +6,13 @@ A ``Block`` is one sampled layer (``rudder.sampling.neighbors.Layer``: edges as 
 destination nodes first among the sources) as two CSR index pairs: the in-edges of every
 destination, which the forward pass averages over, and the out-edges of every source, which the
 backward pass sums gradients over (made on the host with the block, in the pipeline thread).
-Both directions are a sparse-dense product with torch's CSR kernels (MKL on CPU, without
-atomics, so the same inputs give the same bits; cuSPARSE on CUDA), run through one autograd
-function because torch's own backward of a CSR product transposes the matrix on every call
-(docs/training.md has the measurements).
+Both directions are the same row sums, run through one autograd function because torch's own
+backward of a CSR product transposes the matrix on every call (docs/training.md has the
+measurements). On CPU the sums are a sparse-dense product with torch's CSR kernel (MKL, without
+atomics, so the same inputs give the same bits). On CUDA they are a gather and a segmented
+reduction, which sums each row in one fixed order: cuSPARSE's CSR product gave different bits
+on the same inputs from call to call, so training on a GPU was not reproducible and a buffer
+policy's losses were no longer bit-identical to no buffer's (measured on the lent GPU).
 """
 from __future__ import annotations
 
@@ -99,6 +102,19 @@ def _csr_product(indptr: torch.Tensor, indices: torch.Tensor, rows: int, h: torc
     return adjacency @ h
 
 
+def _segment_sum(indptr: torch.Tensor, indices: torch.Tensor, rows: int, h: torch.Tensor) -> torch.Tensor:
+    """``_csr_product``'s sums as a gather and a segmented reduction (a row without edges sums to
+    0): each row summed in edge order, the same bits on every call; on CPU bit-equal to the CSR
+    product and several times slower, so only the GPU uses it."""
+    return torch.segment_reduce(h.index_select(0, indices), "sum", offsets=indptr, axis=0, unsafe=True)
+
+
+def _row_sums(indptr: torch.Tensor, indices: torch.Tensor, rows: int, h: torch.Tensor) -> torch.Tensor:
+    """Row i: the sum of h's rows at indices[indptr[i]:indptr[i + 1]], by the kernel that is
+    reproducible on h's device."""
+    return (_segment_sum if h.is_cuda else _csr_product)(indptr, indices, rows, h)
+
+
 class _MeanOverInEdges(torch.autograd.Function):
     """Each destination's mean over its in-edges' source rows (0 without in-edges). As DGL's
     ``fn.mean`` does: the sum, then a division by the degree; backward divides, then sums over
@@ -107,7 +123,7 @@ class _MeanOverInEdges(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: torch.Tensor, block: Block) -> torch.Tensor:
         ctx.block = block
-        return _csr_product(block.indptr, block.indices, block.num_dst, h.contiguous()) / block.degree
+        return _row_sums(block.indptr, block.indices, block.num_dst, h.contiguous()) / block.degree
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -115,7 +131,7 @@ class _MeanOverInEdges(torch.autograd.Function):
             return None, None
         block = ctx.block
         rev_indptr, rev_indices = block.reversed_csr()
-        return _csr_product(rev_indptr, rev_indices, block.num_src, (grad / block.degree).contiguous()), None
+        return _row_sums(rev_indptr, rev_indices, block.num_src, (grad / block.degree).contiguous()), None
 
 
 def mean_aggregate(block: Block, h: torch.Tensor) -> torch.Tensor:
