@@ -10,13 +10,13 @@
 #
 # A run installs what is missing from the carried wheels (the mpich runtime with --prefix
 # $MPICH_PREFIX, default /tmp/mpich, where the MPI that mpi4py loads is not MPICH; mpi4py into
-# $SITE, default /tmp/site, only if the installed one cannot load it), then for each dataset
-# runs `mpiexec -n 4 python drivers/train.py` on cuda and on cpu, each with --policy none and
-# --policy fixed, MPICH told each rank is a node of its own (so remote rows cross RMA; each rank
-# is then its node's trainer 0, so all four share GPU 0), and prints bench/gpu_report.py's table:
-# accuracy, epoch time, the time breakdown, the share of the epoch the GPU waits for inputs, and
-# whether the runs agree. Without a GPU the CUDA half is
-# skipped with the reason. Both folders are ignored by git: carry them (.whl, .gpu-check).
+# $SITE, default /tmp/site, only if the installed one does not load that MPICH), then for each
+# dataset runs `mpiexec -n 4 python drivers/train.py` on cuda and on cpu, each with --policy none
+# and --policy fixed, MPICH told each rank is a node of its own (so remote rows cross RMA; each
+# rank is then its node's trainer 0, so all four share GPU 0), and prints bench/gpu_report.py's
+# table: accuracy, epoch time, the time breakdown, the share of the epoch the GPU waits for
+# inputs, and whether the runs agree. Without a GPU the CUDA half is skipped with the reason.
+# Both folders are ignored by git: carry them (.whl, .gpu-check).
 # The runs' logs go to --runs (default /tmp/gpu-check-runs); --out (default $OUT if set, else
 # .gpu-check/out) gets three files: report.txt, report.json and runs.tar.gz (every run's logs and
 # output). With the default 8 epochs on both datasets a run takes a few minutes.
