@@ -56,8 +56,7 @@ def agreement(runs: list[dict]) -> list[str]:
                          f"{'bit-identical to' if same else 'DIFFER from'} no buffer")
         cpu = by_key.get((dataset, "cpu", policy))
         if device == "cuda" and cpu is not None:
-            first_step = relative_gap(r["losses"], cpu["losses"], [np.arange(min(a.size, b.size)) == 0
-                                                                   for a, b in zip(r["losses"], cpu["losses"])])
+            first_step = relative_gap(r["losses"], cpu["losses"], [np.arange(m.size) == 0 for m in cpu["first_epoch"]])
             first_epoch = relative_gap(r["losses"], cpu["losses"], cpu["first_epoch"])
             acc = (r["test_acc"] - cpu["test_acc"]) if None not in (r["test_acc"], cpu["test_acc"]) else float("nan")
             speed = cpu["epoch_s"] / r["epoch_s"] if r["epoch_s"] and cpu["epoch_s"] else float("nan")

@@ -19,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rudder.train.sage import _csr_product, _segment_sum  # noqa: E402
+from rudder.train.sage import _csr_product, _indptr, _segment_sum  # noqa: E402
 
 SIZES = ((2000, 8000, 40_000, 16), (20_000, 200_000, 500_000, 16), (50_000, 200_000, 1_000_000, 256))  # rows, cols, edges, width
 
@@ -44,8 +44,7 @@ def main() -> None:
     for rows, cols, edges, width in SIZES:
         dst = torch.sort(torch.randint(0, rows, (edges,), generator=generator)).values
         src = torch.randint(0, cols, (edges,), generator=generator)
-        indptr = torch.zeros(rows + 1, dtype=torch.int64)
-        indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=rows), 0)
+        indptr = _indptr(dst, rows)
         h = torch.randn(cols, width, generator=generator)
         on_cpu = _csr_product(indptr, src, rows, h)
         ip, ix, hd = indptr.to(device), src.to(device), h.to(device)
