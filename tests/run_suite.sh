@@ -4,7 +4,8 @@
 # fails aborts every rank instead of leaving the others blocked in a collective; each rank gets
 # its own pytest temp dir (tests/conftest.py appends the rank to --basetemp).
 # Env: PYTHON (default .venv/bin/python), MPIEXEC (default: the venv's, else PATH's mpiexec),
-#      MPI_SIZES (default "1 2 4"), PYTEST_ARGS (extra pytest arguments).
+#      MPI_SIZES (default "1 2 4"), PYTEST_WORKERS (default 2; 0: the serial tests in one process),
+#      PYTEST_ARGS (extra pytest arguments).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -18,9 +19,14 @@ status=0
 start=$(date +%s)
 
 echo "== serial tests"
+# In pytest-xdist workers, a test file each (--dist loadfile: a module's fixtures, such as the
+# evaluation grid, are made once). A serial test spends much of its time single-threaded in its
+# own process (partitioning, reading logs, the simulator's replay) between its mpiexec jobs; a
+# second worker fills those gaps (docs/evaluation.md has the figures).
+WORKERS=${PYTEST_WORKERS:-2}
 # The timeout only ends a hung run: this host's speed varies ~1.5x over a day, and a slow hour
 # must not fail a suite that passes (CI allows 90 min for the install and the whole suite).
-timeout 3600 "$PYTHON" -m pytest -q --durations=25 --basetemp="$BASE/serial" --junitxml="$BASE/serial.xml" ${PYTEST_ARGS:-} || status=1
+timeout 3600 "$PYTHON" -m pytest -q -n "$WORKERS" --dist loadfile --durations=25 --basetemp="$BASE/serial" --junitxml="$BASE/serial.xml" ${PYTEST_ARGS:-} || status=1
 
 for n in $MPI_SIZES; do
   echo "== MPI tests, mpiexec -n $n"
