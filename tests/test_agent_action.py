@@ -444,12 +444,13 @@ def test_every_budget_and_window_trains_as_without_a_buffer(parts, no_buffer, tm
 
 
 @pytest.mark.parametrize("trainers", [1, 2, 4])
-def test_a_fixed_refill_budget_bounds_every_replacement_and_trains_as_without_a_buffer(parts, tmp_path, trainers):
+def test_a_fixed_refill_budget_bounds_every_replacement_and_trains_as_without_a_buffer(parts, no_buffer, tmp_path,
+                                                                                      trainers):
     """--refill-budget F: fixed's replacements through the agent's refill-budget path, each at
     most floor(F x capacity) rows and, with a halo, at least one of them cut; losses bit for bit; the simulator agrees."""
     from rudder.sim.validate import validate
 
-    base = losses(train(parts[trainers], str(tmp_path / "none"), trainers, "--policy", "none"))
+    base = no_buffer(trainers)
     unbounded = train(parts[trainers], str(tmp_path / "fixed"), trainers, "--policy", "fixed", "--delta", "8")
     run = str(tmp_path / "fixed-budget")
     logs = train(parts[trainers], run, trainers, "--policy", "fixed", "--delta", "8", "--refill-budget", "0.25")
