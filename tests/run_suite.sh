@@ -22,7 +22,7 @@ echo "== serial tests"
 # In pytest-xdist workers, a test file each (--dist loadfile: a module's fixtures, such as the
 # evaluation grid, are made once). A serial test spends much of its time single-threaded in its
 # own process (partitioning, reading logs, the simulator's replay) between its mpiexec jobs; a
-# second worker fills those gaps (docs/evaluation.md has the figures).
+# second worker fills those gaps (docs/testing.md has the figures).
 WORKERS=${PYTEST_WORKERS:-2}
 # The timeout only ends a hung run: this host's speed varies ~1.5x over a day, and a slow hour
 # must not fail a suite that passes (CI allows 90 min for the install and the whole suite).
