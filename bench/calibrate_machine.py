@@ -9,8 +9,9 @@ Per rate: ``bench/feature_gather.py --calibrate`` (3 ranks, each an emulated nod
 filling the link), bulk bandwidth and Get call cost become the machine's link figures. The CPU
 costs of a step (sampling, assembly, blocks, forward+backward+optimiser) are fitted on the
 ``--compute-runs``: unshaped drivers/train.py runs with ``--no-overlap`` and every rank on one node
-(MPIR_CVAR_NUM_CLIQUES=1), as one core's figures (the trainers of such a run share this host's
-cores); the profile keeps the core count, with which the simulator slows CPU work down again.
+(MPIR_CVAR_NUM_CLIQUES=1), from the CPU seconds their threads logged (one core's figures,
+whatever the trainers of such a run took from each other); the profile keeps the core count, with
+which the simulator slows CPU work down again.
 ``python -m rudder.simulate --machine profile.json`` then takes the
 machine of the run's rate (``--validate``: from RUN/netem.json) or of ``--rate``.
 """
@@ -58,8 +59,8 @@ def main() -> None:
     t = time.time()
     cpu = fit_cpu(a.compute_runs, os.cpu_count() or 1)
     provenance = cpu.pop("calibration")
-    print(f"CPU fit on {len(a.compute_runs)} local runs ({time.time() - t:.0f} s): "
-          + ", ".join(f"{k} {v:.3g}" for k, v in cpu.items()))
+    print(f"CPU fit on {len(a.compute_runs)} local runs' {' and '.join(provenance['seconds'])} seconds "
+          f"({time.time() - t:.0f} s): " + ", ".join(f"{k} {v:.3g}" for k, v in cpu.items()))
     machines = []
     for rate, rate_bit in zip(rates, bits):
         t = time.time()

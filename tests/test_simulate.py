@@ -13,7 +13,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, run_train, train_command
+from conftest import BUNDLED_CORA, REPO, read_logs, run_train, train_command
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +143,23 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     cpu = fit_cpu([local], cores=2)
     assert cpu["cores"] == 2 and cpu["flops"] > 0 and all(v >= 0 for k, v in cpu.items() if k != "calibration")
     assert cpu["calibration"]["fits"]["step_overhead"]["minibatches"] > 0
+    # the figures are the threads' own CPU seconds as logged, over the timed epochs
+    timed = np.concatenate([log["minibatches"][log["minibatches"]["epoch"] >= 1] for log in read_logs(local)])
+    assert cpu["calibration"]["seconds"] == ["cpu"]
+    assert cpu["calibration"]["fits"]["sample_step"]["mean_seconds_one_core"] == pytest.approx(timed["cpu_sample"].mean())
+    # a log from before those columns: its wall seconds, scaled by the share of a core each trainer had
+    older = tmp_path / "older"
+    shutil.copytree(local, older)
+    for path in older.glob("rank-*.h5"):
+        with h5py.File(path, "r+") as f:
+            table = f["minibatches"][()]
+            kept = [c for c in table.dtype.names if not c.startswith("cpu_")]
+            del f["minibatches"]
+            f["minibatches"] = np.array(table[kept].tolist(), dtype=[(c, table.dtype[c]) for c in kept])
+    walled = fit_cpu([str(older)], cores=1)  # 2 trainers on 1 core: half of it each
+    assert walled["calibration"]["seconds"] == ["wall"]
+    assert walled["calibration"]["fits"]["sample_step"]["mean_seconds_one_core"] == pytest.approx(
+        timed["t_sample"].mean() / 2)
     cpu.pop("calibration")
     link = dict(latency=1e-4, loaded_latency=2e-4, get_call=5e-6, node_bandwidth=5e9, ranks_per_node=1)
     machines = [Machine(name="host-local", bandwidth=1e9, links="per-trainer", **link, **cpu)]

@@ -199,6 +199,12 @@ def test_log_contents(cora4, tmp_path):
         assert mb["rows_rma"].sum() > 0 and (mb["bytes_rma"] == mb["rows_rma"] * 180).all()
         assert (mb["input_halo"] <= mb["input_remote"]).all()
         assert np.isnan(ep["val_acc"][0]) and not np.isnan(ep["val_acc"][1]) and not np.isnan(ep["test_acc"][2])
+        # each phase's CPU seconds: its thread's own, so no more than the phase's wall seconds (the two clocks are
+        # read microseconds apart), and some for every minibatch sampled and trained
+        for cpu, wall in (("cpu_sample", ["t_sample"]), ("cpu_fetch", ["t_fetch"]), ("cpu_copy", ["t_copy"]),
+                          ("cpu_compute", ["t_forward_backward", "t_update"])):
+            assert (mb[cpu] >= 0).all() and (mb[cpu] <= sum(mb[t] for t in wall) + 1e-4).all(), cpu
+        assert (mb["cpu_sample"] > 0).all() and (mb["cpu_compute"] > 0).all()
         # The trace holds each minibatch's remote input IDs, none of them owned here.
         assert len(f["trace"]) == mb.shape[0] and [t.size for t in f["trace"]] == mb["input_remote"].tolist()
         ids = np.concatenate(f["trace"])

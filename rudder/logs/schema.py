@@ -73,6 +73,12 @@ MINIBATCH_ROW = table(
     ("t_allreduce", "f8", "seconds in the gradient Allreduce"),
     ("t_grad_copy", "f8", "seconds of t_allreduce copying gradients between GPU and host (the staged path; else 0)"),
     ("t_update", "f8", "seconds of the optimiser step"),
+    ("cpu_sample", "f8", "CPU seconds its thread spent in t_sample (time.thread_time: less the time it waited for a "
+     "core, for the lock or for MPI; NaN in logs from before these columns)"),
+    ("cpu_fetch", "f8", "CPU seconds its thread spent in t_fetch"),
+    ("cpu_copy", "f8", "CPU seconds its thread spent in t_copy"),
+    ("cpu_compute", "f8", "CPU seconds the training thread spent in t_forward_backward and t_update (on a GPU, the "
+     "host's side)"),
     ("loss", "f4", "this trainer's mean loss (NaN for an empty minibatch)"),
     ("global_loss", "f4", "mean loss over all trainers' seeds"),
 )
@@ -94,6 +100,8 @@ EPOCH_ROW = table(
     ("eval_seconds", "f8", "seconds of the evaluation"),
     ("param_digest", "i8", "digest of the parameters, equal on every trainer: the replicas agree"),
 )
+# The threads' CPU seconds of the minibatch timers (NaN in logs from before them).
+CPU_TIMERS = ("cpu_sample", "cpu_fetch", "cpu_copy", "cpu_compute")
 # Minibatch timers summed into the epoch row.
 EPOCH_TIMERS = ("t_sample", "t_fetch", "t_copy", "t_rma", "t_wait", "t_forward_backward", "t_allreduce", "t_grad_copy",
                 "t_update")
@@ -197,6 +205,9 @@ def upgrade(table: np.ndarray, dtype: np.dtype) -> np.ndarray:
     for name in ("refill_budget", "decision_request", "decision_age", "wait_impact", "slots_held"):
         if name in dtype.names and name not in table.dtype.names:
             out[name] = -1
+    for name in CPU_TIMERS:  # not measured then
+        if name in dtype.names and name not in table.dtype.names:
+            out[name] = np.nan
     if "fallback_code" in dtype.names and "fallback_code" not in table.dtype.names and "fallback" in table.dtype.names:
         out["fallback_code"] = np.where(table["fallback"] != 0, FALLBACKS.index("error"), 0)
     return out

@@ -37,6 +37,11 @@ class Prepared:
     snapshot: dict | None = None  # buffer and policy state right after this minibatch (a checkpoint's)
     inputs: object = None  # what ``stage`` made of it (the trainer's: its inputs on the model's device)
     t_stage: float = 0.0
+    # the preparing thread's CPU seconds (time.thread_time) in each: the work itself, without the
+    # time it waited for a core, the interpreter lock or MPI (what a time model's CPU figures are)
+    cpu_sample: float = 0.0
+    cpu_assemble: float = 0.0
+    cpu_stage: float = 0.0
 
 
 class MinibatchPipeline:
@@ -64,10 +69,10 @@ class MinibatchPipeline:
             epoch, step, seeds = next(self.schedule)
         except StopIteration:
             return False
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         self.watch(f"sampling minibatch {epoch}:{step} (adjacency reads by RMA)")
         mb = self.sampler.sample(seeds, key=(epoch, step))
-        self.ahead.append((epoch, step, seeds, mb, time.perf_counter() - t))
+        self.ahead.append((epoch, step, seeds, mb, time.perf_counter() - t, time.thread_time() - c))
         return True
 
     def _prepare(self) -> Prepared | None:
@@ -75,18 +80,19 @@ class MinibatchPipeline:
             pass
         if not self.ahead:
             return None
-        epoch, step, seeds, mb, t_sample = self.ahead.popleft()
-        t = time.perf_counter()
+        epoch, step, seeds, mb, t_sample, cpu_sample = self.ahead.popleft()
+        t, c = time.perf_counter(), time.thread_time()
         future = [item[3].input_nodes for item in self.ahead]
         self.watch(f"assembling the inputs of minibatch {epoch}:{step} (feature rows by RMA)")
         x, stats = self.assembler.assemble(mb.input_nodes, future)
-        t_assemble = time.perf_counter() - t
+        t_assemble, cpu_assemble = time.perf_counter() - t, time.thread_time() - c
         state = self.snapshot(epoch, step) if self.snapshot is not None else None
-        item = Prepared(epoch, step, seeds, mb, x, stats, t_sample, t_assemble, state)
+        item = Prepared(epoch, step, seeds, mb, x, stats, t_sample, t_assemble, state, cpu_sample=cpu_sample,
+                        cpu_assemble=cpu_assemble)
         if self.stage is not None:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             item.inputs = self.stage(item)
-            item.t_stage = time.perf_counter() - t
+            item.t_stage, item.cpu_stage = time.perf_counter() - t, time.thread_time() - c
         self.watch(f"minibatch {epoch}:{step} prepared, waiting to hand it over")
         return item
 

@@ -13,12 +13,13 @@ from rudder.sim.simulate import simulate
 from rudder.sim.validate import background_load
 from rudder.train.config import ConfigError, TrainConfig
 
-# (profile fields, per-minibatch logged seconds, what they scale with); each a fit with intercept
+# (profile fields, per-minibatch logged CPU seconds, the wall seconds logs before those had, what
+# they scale with); each a fit with intercept
 CPU_FITS = (
-    (("sample_step", "sample_edge"), ("t_sample",), "edges"),
-    (("assemble_step", "assemble_byte"), ("t_fetch",), "input_bytes"),
-    (("stage_step", "stage_edge"), ("t_copy",), "edges"),
-    (("step_overhead", "flops"), ("t_forward_backward", "t_update"), "flops"),
+    (("sample_step", "sample_edge"), ("cpu_sample",), ("t_sample",), "edges"),
+    (("assemble_step", "assemble_byte"), ("cpu_fetch",), ("t_fetch",), "input_bytes"),
+    (("stage_step", "stage_edge"), ("cpu_copy",), ("t_copy",), "edges"),
+    (("step_overhead", "flops"), ("cpu_compute",), ("t_forward_backward", "t_update"), "flops"),
 )
 
 
@@ -54,14 +55,17 @@ def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def fit_cpu(run_dirs: list[str], cores: int) -> dict:
-    """The profile's CPU figures, for one core, from local runs without overlap: every trainer
-    of such a run computes at the same time, beside other jobs' runnable threads (RUN/host_load.json,
-    else none), so each had ``cores / (trainers + background)`` of a core (at most one), and its
-    timers are scaled by that (``rudder.sim.timing.contention`` undoes it). ``background``: the
-    runs' mean, which the profile keeps."""
+    """The profile's CPU figures, for one core, from local runs without overlap: each phase's CPU
+    seconds as its thread logged them (``cpu_*``), the work itself whatever the contention. Logs
+    from before those columns (NaN there) hold wall seconds only: each trainer of such a run is
+    taken to have had ``cores / (trainers + background)`` of a core (at most one) beside the
+    other jobs' runnable threads (RUN/host_load.json, else none), and its timers are scaled by
+    that (``rudder.sim.timing.contention`` undoes it). That guess is off both ways: the trainers
+    do not all compute at every moment, and a phase waits for more than a core (docs/simulator.md).
+    ``background``: the runs' mean, which the profile keeps."""
     xs: dict[str, list] = {}
     ys: dict[str, list] = {}
-    loads = []
+    loads, sources = [], set()
     for d in run_dirs:
         counts, rows, depth = run_counts(d)
         if depth:
@@ -69,11 +73,15 @@ def fit_cpu(run_dirs: list[str], cores: int) -> dict:
         loads.append(background_load(d) or 0.0)
         share = min(1.0, cores / (len(rows) + loads[-1]))
         table = np.concatenate(rows)
-        for names, timers, scale in CPU_FITS:
+        logged_cpu = not any(np.isnan(table[t]).any() for _, cpu, _, _ in CPU_FITS for t in cpu)
+        sources.add("cpu" if logged_cpu else "wall")
+        for names, cpu, wall, scale in CPU_FITS:
             xs.setdefault(names[0], []).append(counts[scale])
-            ys.setdefault(names[0], []).append(sum(table[t] for t in timers) * share)
+            ys.setdefault(names[0], []).append(sum(table[t] for t in cpu) if logged_cpu else
+                                               sum(table[t] for t in wall) * share)
     out, used = {"cores": cores, "background": float(np.mean(loads))}, {}
-    for names, timers, scale in CPU_FITS:
+    for names, cpu, wall, scale in CPU_FITS:
+        timers = cpu if sources == {"cpu"} else wall
         x, y = np.concatenate(xs[names[0]]), np.concatenate(ys[names[0]])
         a, b = fit_line(x, y)
         if names[1] == "flops":
@@ -82,7 +90,7 @@ def fit_cpu(run_dirs: list[str], cores: int) -> dict:
             out[names[0]], out[names[1]] = a, b
         used[names[0]] = {"timers": list(timers), "per": scale, "minibatches": int(x.size),
                           "mean_seconds_one_core": float(y.mean())}
-    out["calibration"] = {"compute_runs": list(run_dirs), "fits": used}
+    out["calibration"] = {"compute_runs": list(run_dirs), "fits": used, "seconds": sorted(sources)}
     return out
 
 

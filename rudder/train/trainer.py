@@ -248,7 +248,7 @@ class Trainer:
         item, waited = self.pipeline.next()
         mb, seeds = item.minibatch, item.seeds
         self.watchdog.doing("training thread", f"computing minibatch {item.epoch}:{item.step}")
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         remote = mb.input_nodes[self.meta.owner_of(mb.input_nodes) != self.layout.partition_id]
         if self.cfg.output.trace:
             self.log.append_ragged(TRACE, remote)
@@ -261,16 +261,16 @@ class Trainer:
             loss.backward()
             loss_sum = float(loss.detach())
             self._finish_device_work()
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.thread_time()
         self.watchdog.doing("training thread", f"in the gradient Allreduce of minibatch {item.epoch}:{item.step}")
         totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop(), self.checkpoints.due_by_clock())
-        t4 = time.perf_counter()
+        t4, c4 = time.perf_counter(), time.thread_time()
         if totals.seeds:
             self.optimizer.step()
             self._finish_device_work()
-        t5 = time.perf_counter()
+        t5, c5 = time.perf_counter(), time.thread_time()
         row = record(MINIBATCH_ROW, self._minibatch_fields(item, remote, waited, loss_sum, totals,
-                                                           (t3 - t2, t4 - t3, t5 - t4)))
+                                                           (t3 - t2, t4 - t3, t5 - t4), c3 - c2 + c5 - c4))
         self.log.append("minibatches", dict(zip(MINIBATCH_ROW.names, row)))
         self.policy.observe_step(waited, waited + t5 - t2)  # an agent's wait share
         self.log.maybe_flush()
@@ -279,7 +279,7 @@ class Trainer:
         return np.array(row, dtype=MINIBATCH_ROW)[()], stop
 
     def _minibatch_fields(self, item: Prepared, remote: np.ndarray, waited: float, loss_sum: float, totals,
-                          step_times: tuple[float, float, float]) -> dict:
+                          step_times: tuple[float, float, float], cpu_compute: float) -> dict:
         mb, a, seeds = item.minibatch, item.assembly, item.seeds
         fetch = a.fetch
         looked = a.hit_total + a.miss_total
@@ -305,6 +305,8 @@ class Trainer:
             "t_wait": waited,
             "t_forward_backward": t_compute, "t_allreduce": t_allreduce, "t_grad_copy": self.allreduce.seconds_staging,
             "t_update": t_update,
+            "cpu_sample": item.cpu_sample, "cpu_fetch": item.cpu_assemble, "cpu_copy": item.cpu_stage,
+            "cpu_compute": cpu_compute,
             "loss": loss_sum / seeds.size if seeds.size else np.nan,
             "global_loss": totals.loss_sum / totals.seeds if totals.seeds else np.nan,
         }
