@@ -32,7 +32,7 @@ from rudder.data.adjacency import open_adjacency, resolve_topology
 from rudder.data.feature_store import FeatureStore
 from rudder.data.partition_store import read_partition
 from rudder.logs import metrics
-from rudder.logs.schema import EPOCH_ROW, EPOCH_TIMERS, MINIBATCH_ROW, TRACE, TRAINER, TRAINER_TABLES, record
+from rudder.logs.schema import EPOCH_ROW, EPOCH_TIMERS, MINIBATCH_ROW, TRACE, TRAINER, TRAINER_TABLES, record, upgrade
 from rudder.logs.writer import RunLog, log_path
 from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
@@ -229,11 +229,12 @@ class Trainer:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def _resumed_epoch_rows(self) -> list:
-        """The resumed epoch's minibatch rows logged before the checkpoint (for its epoch row)."""
+        """The resumed epoch's minibatch rows logged before the checkpoint (for its epoch row), in
+        this version's columns (a log begun by an older version has fewer)."""
         import h5py
 
         with h5py.File(self.log.path, "r", locking=False) as f:
-            rows = f["minibatches"][()]
+            rows = upgrade(f["minibatches"][()], MINIBATCH_ROW)
         return [r for r in rows if r["epoch"] == self.phases.position(self.start)[0]]
 
     # -- one step ------------------------------------------------------------------------------
