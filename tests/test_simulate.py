@@ -174,6 +174,10 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     e = json.loads(out.read_text())["epoch_time"]
     assert e["epochs"] == [1, 2] and e["predicted"] > 0 and e["ratio"] == pytest.approx(e["predicted"] / e["measured"])
     assert e["measured"] == pytest.approx(float(np.median(e["measured_per_epoch"])))
+    compute = timed[["t_forward_backward", "t_update"]]
+    assert e["measured_train_slowdown"] == pytest.approx(
+        (compute["t_forward_backward"].sum() + compute["t_update"].sum()) / timed["cpu_compute"].sum())
+    assert e["measured_train_slowdown"] >= 1.0 - 1e-3 and "training threads' compute" in ok.stdout
 
     if support_problem() is not None:
         pytest.skip(f"no shaped network on this machine: {support_problem()}")

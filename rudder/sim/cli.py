@@ -105,6 +105,9 @@ def main(argv=None) -> int:
                 print(f"epoch time (median of epochs {', '.join(str(x + 1) for x in e['epochs'])}): measured "
                       f"{e['measured']:.3f} s, predicted {e['predicted']:.3f} s on {e['machine']}, predicted/measured "
                       f"{e['ratio']:.3f}")
+                if e["measured_train_slowdown"] is not None:  # a log with its threads' CPU seconds
+                    print(f"training threads' compute: {e['measured_train_slowdown']:.2f}x its CPU seconds measured, "
+                          f"{e['slowdown']['train']:.2f}x modelled")
             elif "epoch_time_skipped" in report:
                 print(f"epoch time not compared: {report['epoch_time_skipped']}")
             if sim["out"]:

@@ -132,6 +132,10 @@ def compare_epoch_time(run, cfg: TrainConfig, result: dict, machine) -> dict:
     guess = metrics.epoch_time([predicted["per_epoch"][e] for e in timed])
     slowest = metrics.slowest_seconds(tables, timed)
     waited = max(metrics.per_epoch([r.minibatches], "t_wait", timed).sum() for r in run.ranks)
+    # the training threads' compute: wall over CPU seconds, what the model's train slowdown stands for
+    steps = np.concatenate([r.minibatches[np.isin(r.minibatches["epoch"], timed)] for r in run.ranks])
+    cpu = float(steps["cpu_compute"].sum())
+    train_slowdown = float((steps["t_forward_backward"] + steps["t_update"]).sum() / cpu) if cpu > 0 else None
     return {"measured": measured, "predicted": guess, "ratio": guess / measured if measured else None,
             "epochs": timed, "measured_per_epoch": slowest.tolist(),
             "predicted_per_epoch": [predicted["per_epoch"][e] for e in timed],
@@ -139,4 +143,4 @@ def compare_epoch_time(run, cfg: TrainConfig, result: dict, machine) -> dict:
             "predicted_comm_share": predicted["comm_share"], "machine": machine.name, "rate": machine.rate,
             "links": machine.links, "depth": cfg.sampling.prefetch_depth,
             "background": machine.background if background is None else background, "mpi_wait": waiting,
-            "slowdown": dataclasses.asdict(predicted["slowdown"])}
+            "slowdown": dataclasses.asdict(predicted["slowdown"]), "measured_train_slowdown": train_slowdown}
