@@ -10,8 +10,9 @@ filling the link), bulk bandwidth and Get call cost become the machine's link fi
 costs of a step (sampling, assembly, blocks, forward+backward+optimiser) are fitted on the
 ``--compute-runs``: unshaped drivers/train.py runs with ``--no-overlap`` and every rank on one node
 (MPIR_CVAR_NUM_CLIQUES=1), from the CPU seconds their threads logged (one core's figures,
-whatever the trainers of such a run took from each other); the profile keeps the core count, with
-which the simulator slows CPU work down again.
+whatever the trainers of such a run took from each other): those without a buffer (``--policy
+none``) for the step, each with a buffer for what its policy's buffer adds to the assembly. The
+profile keeps the core count, with which the simulator slows CPU work down again.
 ``python -m rudder.simulate --machine profile.json`` then takes the
 machine of the run's rate (``--validate``: from RUN/netem.json) or of ``--rate``.
 """
@@ -60,7 +61,9 @@ def main() -> None:
     cpu = fit_cpu(a.compute_runs, os.cpu_count() or 1)
     provenance = cpu.pop("calibration")
     print(f"CPU fit on {len(a.compute_runs)} local runs' {' and '.join(provenance['seconds'])} seconds "
-          f"({time.time() - t:.0f} s): " + ", ".join(f"{k} {v:.3g}" for k, v in cpu.items()))
+          f"({time.time() - t:.0f} s): " + ", ".join(f"{k} {v:.3g}" for k, v in cpu.items() if k != "buffer_cpu")
+          + "".join(f"; {policy}'s buffer {a * 1e3:.3g} ms + {b * 1e6:.3g} us an input node"
+                    for policy, (a, b) in cpu["buffer_cpu"].items()))
     machines = []
     for rate, rate_bit in zip(rates, bits):
         t = time.time()

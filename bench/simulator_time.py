@@ -5,7 +5,7 @@
 
 1. Partitions Facebook Page-Page (when ../shared/data has it) and RMAT-16 (128-d) into 4, float32.
 2. Local unshaped runs of ``none --no-overlap`` (all ranks one node: shared memory) for the CPU
-   figures,
+   figures, and of each buffer policy asked for (``--no-overlap``) for what its buffer adds,
    then ``bench/calibrate_machine.py`` per rate: the Get microbenchmark under the same shaping
    and the compute fit from those unshaped runs. The profiles see no shaped training run.
 3. Every (dataset, rate, policy) as a real ``drivers/train.py`` job behind ``python -m rudder.netem``
@@ -98,9 +98,12 @@ def main() -> None:
     parts = {k: v for k, v in every.items() if not a.datasets or k in a.datasets.split(",")}
     print(f"datasets {', '.join(parts)}; {ranks} ranks; rates {a.rates}, {a.links} link; {os.cpu_count()} cores",
           flush=True)
-    # the CPU figures come from every dataset's local run, whichever datasets are validated
-    local = [train(p, os.path.join(a.out, f"{name}-local-none-serial"), common + POLICY_FLAGS["none-serial"], None,
-                   a.links, ranks) for name, p in every.items()]
+    # the CPU figures come from every dataset's local runs, whichever datasets are validated: none's for
+    # the step, each buffer policy's for what its buffer adds
+    buffers = [p for p in a.policies.split(",") if p not in ("none", "none-serial")]
+    local = [train(p, os.path.join(a.out, f"{name}-local-{label}"), common + POLICY_FLAGS[label]
+                   + ([] if label == "none-serial" else ["--no-overlap"]), None, a.links, ranks)
+             for name, p in every.items() for label in ["none-serial", *buffers]]
     profiles = {}
     for rate in a.rates.split(","):
         profiles[rate] = os.path.join(a.out, f"host-{a.links}-{rate}.json")

@@ -142,6 +142,19 @@ def test_yielding_threads_share_the_cores_only_while_busy():
             assert out["seconds"] == pytest.approx(spun["seconds"], rel=0.03)  # less the pipeline's start
 
 
+def test_a_buffers_cpu_is_added_to_its_own_policys_assembly():
+    """Machine.buffer_cpu: a minibatch's preparing costs its policy's buffer a + b x input nodes
+    more, and no other policy's."""
+    m = Machine(**{**HOST, "latency": 0.0, "buffer_cpu": {"lookahead": [0.5, 0.25]}})
+    sampled, fetched = _steps(2, 3, 1.0, 0.0)
+    for s in sampled:
+        s["input_nodes"] = np.full(3, 4.0)
+    base = timing.step_costs(m, sampled, fetched, 1, 0)["prepare"]
+    np.testing.assert_allclose(timing.step_costs(m, sampled, fetched, 1, 0, policy="lookahead")["prepare"] - base,
+                               0.5 + 0.25 * 4)
+    np.testing.assert_allclose(timing.step_costs(m, sampled, fetched, 1, 0, policy="fixed")["prepare"], base)
+
+
 def test_links_divide_bandwidth_as_their_topology_does():
     b = np.array([[1.0], [2.0], [3.0]])
     own = timing.link_seconds(b, Machine(**{**HOST, "links": "per-trainer"}))
@@ -157,6 +170,7 @@ def test_links_divide_bandwidth_as_their_topology_does():
 
 def test_a_profile_file_round_trips_and_picks_the_machine_of_a_rate(tmp_path):
     one = Machine(**{**HOST, "rate": "1gbit", "rate_bit": 1e9, "get_call": 2e-5, "cores": 2,
+                     "buffer_cpu": {"fixed": [1e-3, 2e-7]},
                      "calibration": {"probe": {"small_get_s": 0.01}}})
     slow = Machine(**{**HOST, "name": "h250", "rate": "250mbit", "rate_bit": 2.5e8})
     path = str(tmp_path / "p.json")
@@ -180,6 +194,8 @@ def test_a_profile_file_round_trips_and_picks_the_machine_of_a_rate(tmp_path):
     (json.dumps({"format": "rudder-machine", "machines": [{"name": "x"}]}), "missing bandwidth"),
     (json.dumps({"format": "rudder-machine", "machines": [{**HOST, "bandwidth": -1}]}), "non-negative"),
     (json.dumps({"format": "rudder-machine", "machines": [{**HOST, "links": "mesh"}]}), "links must be one of"),
+    (json.dumps({"format": "rudder-machine", "machines": [{**HOST, "buffer_cpu": {"fixed": [1]}}]}),
+     "buffer_cpu must map"),
 ])
 def test_a_bad_profile_file_is_one_line(tmp_path, content, expected):
     path = tmp_path / "bad.json"

@@ -132,16 +132,19 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     """A local run without overlap gives the CPU figures (rudder.sim.calibration); with a link
     from the shaping (here written by hand: the shaped one below picks by its netem.json),
     --validate prints the predicted against the measured epoch time, rows still exact."""
+    from rudder.data.partition_store import PartitionMeta
     from rudder.netem.namespaces import support_problem
     from rudder.sim.calibration import fit_cpu
     from rudder.sim.machine import Machine, save_profile
+    from rudder.train.config import ConfigError
 
     flags = ("--epochs", "3", "--batch-size", "16", "--seed", "1", "--eval-every", "0", "--progress", "none")
     local = str(tmp_path / "local")
     proc = run_train(2, "--data", cora2, "--run-dir", local, "--no-overlap", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     cpu = fit_cpu([local], cores=2)
-    assert cpu["cores"] == 2 and cpu["flops"] > 0 and all(v >= 0 for k, v in cpu.items() if k != "calibration")
+    figures = {k: v for k, v in cpu.items() if k not in ("calibration", "buffer_cpu")}
+    assert cpu["cores"] == 2 and cpu["flops"] > 0 and all(v >= 0 for v in figures.values())
     assert cpu["calibration"]["fits"]["step_overhead"]["minibatches"] > 0
     # the figures are the threads' own CPU seconds as logged, over the timed epochs
     timed = np.concatenate([log["minibatches"][log["minibatches"]["epoch"] >= 1] for log in read_logs(local)])
@@ -160,6 +163,22 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     assert walled["calibration"]["seconds"] == ["wall"]
     assert walled["calibration"]["fits"]["sample_step"]["mean_seconds_one_core"] == pytest.approx(
         timed["t_sample"].mean() / 2)
+    # a local run with a buffer: what its policy's buffer adds to the assembly, over the run without one
+    buffered = str(tmp_path / "buffered")
+    proc = run_train(2, "--data", cora2, "--run-dir", buffered, "--no-overlap", "--policy", "fixed", "--delta", "2",
+                     *flags, env={"MPIR_CVAR_NUM_CLIQUES": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    both = fit_cpu([local, buffered], cores=2)
+    assert {k: v for k, v in both.items() if k not in ("calibration", "buffer_cpu")} == \
+        {k: v for k, v in cpu.items() if k not in ("calibration", "buffer_cpu")}  # the step's figures: the run without
+    steps = np.concatenate([log["minibatches"][log["minibatches"]["epoch"] >= 1] for log in read_logs(buffered)])
+    plain = cpu["assemble_step"] + cpu["assemble_byte"] * steps["input_nodes"] * PartitionMeta.load(cora2).feat_dim * 4
+    assert list(both["buffer_cpu"]) == ["fixed"] and min(both["buffer_cpu"]["fixed"]) >= 0
+    assert both["calibration"]["fits"]["buffer_cpu"]["fixed"]["mean_seconds_one_core"] == pytest.approx(
+        float((steps["cpu_fetch"] - plain).mean()))
+    with pytest.raises(ConfigError, match="at least one run without a buffer"):
+        fit_cpu([buffered], cores=2)
+    assert cpu["buffer_cpu"] == {}
     cpu.pop("calibration")
     link = dict(latency=1e-4, loaded_latency=2e-4, get_call=5e-6, node_bandwidth=5e9, ranks_per_node=1)
     machines = [Machine(name="host-local", bandwidth=1e9, links="per-trainer", **link, **cpu)]

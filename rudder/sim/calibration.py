@@ -23,9 +23,9 @@ CPU_FITS = (
 )
 
 
-def run_counts(run_dir: str) -> tuple[dict, list[np.ndarray], int]:
+def run_counts(run_dir: str) -> tuple[dict, list[np.ndarray], int, str]:
     """A local run's per-minibatch counts (simulated: they equal the run's) and its minibatch rows,
-    both over its timed epochs, trainer after trainer; and its pipeline depth."""
+    both over its timed epochs, trainer after trainer; its pipeline depth and its policy."""
     run = load_run(run_dir)
     cfg = TrainConfig.from_flat(run.config, f"--compute-runs {run_dir}", strict=False)
     layout = run.ranks[0].layout
@@ -35,17 +35,19 @@ def run_counts(run_dir: str) -> tuple[dict, list[np.ndarray], int]:
                           f"{layout['num_nodes']} nodes, {len(run.ranks)} ranks)")
     result = simulate(cfg, {cfg.buffer.policy: {}}, None)
     timed = metrics.timed_epochs(metrics.complete_epochs([r.epochs for r in run.ranks]))
-    counts: dict[str, list] = {"edges": [], "input_bytes": [], "flops": []}
+    counts: dict[str, list] = {"edges": [], "input_nodes": [], "input_bytes": [], "flops": []}
     rows = []
     for r in run.ranks:
         s = result["sampled"][r.layout["partition_id"]]
         mb = r.minibatches
         keep = np.isin(mb["epoch"], timed)
         counts["edges"].append(s.edges[:len(mb)][keep])
+        counts["input_nodes"].append(s.input_nodes[:len(mb)][keep])
         counts["input_bytes"].append(s.input_nodes[:len(mb)][keep] * result["feat_dim"] * 4.0)
         counts["flops"].append(s.flops[:len(mb)][keep])
         rows.append(mb[keep])
-    return {k: np.concatenate(v).astype(np.float64) for k, v in counts.items()}, rows, cfg.sampling.prefetch_depth
+    return ({k: np.concatenate(v).astype(np.float64) for k, v in counts.items()}, rows, cfg.sampling.prefetch_depth,
+            cfg.buffer.policy)
 
 
 def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -62,12 +64,13 @@ def fit_cpu(run_dirs: list[str], cores: int) -> dict:
     other jobs' runnable threads (RUN/host_load.json, else none), and its timers are scaled by
     that (``rudder.sim.timing.contention`` undoes it). That guess is off both ways: the trainers
     do not all compute at every moment, and a phase waits for more than a core (docs/simulator.md).
-    ``background``: the runs' mean, which the profile keeps."""
+    ``background``: the runs' mean, which the profile keeps. The runs without a buffer give those
+    figures; a run with one (``buffer_fits``) gives what its policy's buffer adds to the assembly."""
     xs: dict[str, list] = {}
     ys: dict[str, list] = {}
-    loads, sources = [], set()
+    loads, sources, buffered = [], set(), []
     for d in run_dirs:
-        counts, rows, depth = run_counts(d)
+        counts, rows, depth, policy = run_counts(d)
         if depth:
             raise ConfigError(f"--compute-runs {d}: expected a run with --no-overlap (each timer its own work)")
         loads.append(background_load(d) or 0.0)
@@ -75,10 +78,19 @@ def fit_cpu(run_dirs: list[str], cores: int) -> dict:
         table = np.concatenate(rows)
         logged_cpu = not any(np.isnan(table[t]).any() for _, cpu, _, _ in CPU_FITS for t in cpu)
         sources.add("cpu" if logged_cpu else "wall")
+        if policy != "none":
+            if not logged_cpu:
+                raise ConfigError(f"--compute-runs {d}: a run with a buffer ({policy}) needs its threads' CPU seconds "
+                                  "(cpu_fetch), which its log, from an older version, lacks")
+            buffered.append((d, policy, counts, table))
+            continue
         for names, cpu, wall, scale in CPU_FITS:
             xs.setdefault(names[0], []).append(counts[scale])
             ys.setdefault(names[0], []).append(sum(table[t] for t in cpu) if logged_cpu else
                                                sum(table[t] for t in wall) * share)
+    if not xs:
+        raise ConfigError(f"--compute-runs {' '.join(run_dirs)}: expected at least one run without a buffer "
+                          "(--policy none)")
     out, used = {"cores": cores, "background": float(np.mean(loads))}, {}
     for names, cpu, wall, scale in CPU_FITS:
         timers = cpu if sources == {"cpu"} else wall
@@ -90,8 +102,28 @@ def fit_cpu(run_dirs: list[str], cores: int) -> dict:
             out[names[0]], out[names[1]] = a, b
         used[names[0]] = {"timers": list(timers), "per": scale, "minibatches": int(x.size),
                           "mean_seconds_one_core": float(y.mean())}
+    out["buffer_cpu"], used["buffer_cpu"] = buffer_fits(buffered, out)
     out["calibration"] = {"compute_runs": list(run_dirs), "fits": used, "seconds": sorted(sources)}
     return out
+
+
+def buffer_fits(buffered: list, base: dict) -> tuple[dict, dict]:
+    """Per policy, the CPU its buffer adds to a minibatch's assembly, one core's: the runs'
+    ``cpu_fetch`` less what the assembly costs without a buffer (``base``'s fit), fitted on the
+    minibatch's input nodes (the lookups; the replacement and settling scale with them too)."""
+    xs: dict[str, list] = {}
+    ys: dict[str, list] = {}
+    for _, policy, counts, table in buffered:
+        plain = base["assemble_step"] + base["assemble_byte"] * counts["input_bytes"]
+        xs.setdefault(policy, []).append(counts["input_nodes"])
+        ys.setdefault(policy, []).append(table["cpu_fetch"] - plain)
+    fits, used = {}, {}
+    for policy in xs:
+        x, y = np.concatenate(xs[policy]), np.concatenate(ys[policy])
+        fits[policy] = list(fit_line(x, y))
+        used[policy] = {"runs": [d for d, p, _, _ in buffered if p == policy], "minibatches": int(x.size),
+                        "mean_seconds_one_core": float(y.mean())}
+    return fits, used
 
 
 def link_figures(probe: dict) -> dict:

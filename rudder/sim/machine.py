@@ -41,6 +41,9 @@ class Machine:
     assemble_byte: float = 0.0  # ... and per input feature byte (float32, as the model sees them)
     stage_step: float = 0.0  # building the blocks: per minibatch
     stage_edge: float = 0.0  # ... and per sampled edge
+    # policy -> [seconds a minibatch, seconds an input node]: the CPU its buffer adds to a minibatch's
+    # assembly over no buffer's (lookups, replacement, settling; one core's); a policy without one adds none
+    buffer_cpu: dict = dataclasses.field(default_factory=dict)
     rate: str = ""  # the shaping it stands for (python -m rudder.netem --rate), "" for none
     rate_bit: float = 0.0  # the same in bit/s
     calibration: dict = dataclasses.field(default_factory=dict, compare=False)  # how it was measured
@@ -94,6 +97,12 @@ def load_profile(path: str) -> list[Machine]:
                 or entry["ranks_per_node"] < 1 or not isinstance(entry.get("cores", 0), int) or entry.get("cores", 0) < 0:
             raise bad(f"machine {i}: links must be one of {', '.join(LINKS)}, ranks_per_node a positive integer and "
                       "cores a non-negative one")
+        extra = entry.get("buffer_cpu", {})
+        if not isinstance(extra, dict) or not all(
+                isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in v)
+                for v in extra.values()):
+            raise bad(f"machine {i}: buffer_cpu must map policies to [seconds a minibatch, seconds an input node], "
+                      "non-negative")
         machines.append(Machine(**entry))
     return machines
 

@@ -177,7 +177,8 @@ def _simulate_trainer(job):
 def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | None, feat_dim: int | None = None,
              workers: int = 1, graph: Graph | None = None, progress=None) -> dict:
     """Every trainer of ``cfg``'s data under each of ``policies`` ({label: flat option overrides}).
-    Returns {"steps_per_epoch", "parts", "sampled": {part: Sampled}, "policies": {label: {part: columns}}}."""
+    Returns {"steps_per_epoch", "parts", "sampled": {part: Sampled}, "policies": {label: {part: columns}},
+    "policy_of": {label: its policy}}."""
     global _GRAPH
     _GRAPH = graph or Graph(cfg.data.path)
     meta = _GRAPH.meta
@@ -204,7 +205,8 @@ def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | Non
     return {"steps_per_epoch": steps, "batch_size": batch, "phases": phases.describe(), "parts": meta.num_parts,
             "params": params, "feat_dim": dim,
             "sampled": {p: r[0] for p, r in sorted(results.items())},
-            "policies": {label: {p: r[1][label] for p, r in sorted(results.items())} for label in policies}}
+            "policies": {label: {p: r[1][label] for p, r in sorted(results.items())} for label in policies},
+            "policy_of": {label: overrides.get("policy", cfg.buffer.policy) for label, overrides in policies.items()}}
 
 
 def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1, waiting: str = "spin") -> dict:
@@ -229,7 +231,8 @@ def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1
                "replacements": int(cols["replaced"].sum()), "decisions": int(sum(f["decisions"] for f in fetched))}
         if machine is not None:
             serial, overlapped = (timing.modelled_epoch(machine, sampled, fetched, result["feat_dim"], d, sync, epoch_of,
-                                                        epochs, waiting=waiting) for d in (0, max(1, depth)))
+                                                        epochs, waiting=waiting, policy=result["policy_of"][label])
+                                   for d in (0, max(1, depth)))
             row["epoch_seconds"] = serial["seconds"]
             row["epoch_seconds_overlap"] = overlapped["seconds"]
             row["comm_share"] = serial["comm_share"]
