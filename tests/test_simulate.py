@@ -13,7 +13,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, read_logs, run_train, train_command
+from conftest import BUNDLED_CORA, REPO, as_older_log, read_logs, run_train, train_command
 
 
 @pytest.fixture(scope="module")
@@ -154,11 +154,7 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     older = tmp_path / "older"
     shutil.copytree(local, older)
     for path in older.glob("rank-*.h5"):
-        with h5py.File(path, "r+") as f:
-            table = f["minibatches"][()]
-            kept = [c for c in table.dtype.names if not c.startswith("cpu_")]
-            del f["minibatches"]
-            f["minibatches"] = np.array(table[kept].tolist(), dtype=[(c, table.dtype[c]) for c in kept])
+        as_older_log(path)
     walled = fit_cpu([str(older)], cores=1)  # 2 trainers on 1 core: half of it each
     assert walled["calibration"]["seconds"] == ["wall"]
     assert walled["calibration"]["fits"]["sample_step"]["mean_seconds_one_core"] == pytest.approx(
