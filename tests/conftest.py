@@ -80,18 +80,19 @@ def read_logs(run_dir) -> list[dict]:
 
 def as_older_log(path) -> None:
     """Rewrite a rank's log as a version before the threads' CPU columns (``cpu_*``) wrote it: its
-    minibatch table without them, still extendable (a resumed run appends to it)."""
+    minibatch and epoch tables without them, still extendable (a resumed run appends to them)."""
     import h5py
     import numpy as np
 
     from rudder.logs.schema import CPU_TIMERS
 
     with h5py.File(path, "r+") as f:
-        table = f["minibatches"][()]
-        kept = [c for c in table.dtype.names if c not in CPU_TIMERS]
-        del f["minibatches"]
-        f.create_dataset("minibatches", data=np.array(table[kept].tolist(), dtype=[(c, table.dtype[c]) for c in kept]),
-                         maxshape=(None,), chunks=True)
+        for name in ("minibatches", "epochs"):
+            table = f[name][()]
+            kept = [c for c in table.dtype.names if c not in CPU_TIMERS]
+            del f[name]
+            f.create_dataset(name, data=np.array(table[kept].tolist(), dtype=[(c, table.dtype[c]) for c in kept]),
+                             maxshape=(None,), chunks=True)
 
 
 def rank_pids(run) -> list[int]:

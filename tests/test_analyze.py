@@ -13,7 +13,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, run_train
+from conftest import BUNDLED_CORA, REPO, as_older_log, run_train
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,16 @@ def test_figures_equal_the_raw_rows(runs):
         later = [t[0][t[0]["epoch"] >= 1] for t in tables]
         assert s["time_breakdown"]["t_fetch"] == pytest.approx(np.mean([t["t_fetch"].sum() for t in later]) / 3)
         timed = np.concatenate(later)
+        # the threads' CPU seconds: per trainer per epoch, and as a share of the same work's wall seconds
+        cpu = s["cpu"]
+        assert cpu["cpu_compute"] == pytest.approx(timed["cpu_compute"].sum() / 3 / 4)  # 3 timed epochs, 4 trainers
+        assert cpu["cpu_sample_of_wall"] == pytest.approx(timed["cpu_sample"].sum() / timed["t_sample"].sum())
+        assert cpu["cpu_compute_of_wall"] == pytest.approx(
+            timed["cpu_compute"].sum() / (timed["t_forward_backward"] + timed["t_update"]).sum())
+        assert all(0 < cpu[f"{c}_of_wall"] <= 1.02 for c in ("cpu_sample", "cpu_fetch", "cpu_copy", "cpu_compute"))
+        for minibatches, epochs in tables:  # the epoch rows sum them
+            for c in ("cpu_sample", "cpu_fetch", "cpu_copy", "cpu_compute"):
+                assert epochs[c] == pytest.approx([minibatches[c][minibatches["epoch"] == e].sum() for e in range(4)])
         assert s["traffic"]["remote_rows_fetched_per_epoch"] == pytest.approx(
             (timed["input_remote"] - timed["hits"] + timed["refills"]).sum() / 3)
         assert s["traffic"]["rma_bytes_per_epoch"] == pytest.approx(timed["bytes_rma"].sum() / 3)
@@ -175,6 +185,26 @@ def validate(value, schema, where):
         if isinstance(option, type) and isinstance(value, option if option is not float else (int, float)):
             return
     raise AssertionError(f"{where}: {value!r} is not {schema}")
+
+
+def test_a_log_from_before_the_cpu_columns(runs, tmp_path):
+    """Logs an older version wrote have no CPU seconds: their CPU figures are absent, not NaN or 0,
+    and every other figure is what it was."""
+    from rudder.analysis.summary import summarize
+    from rudder.logs.reader import load_run
+
+    run = tmp_path / "older"
+    shutil.copytree(runs["fixed"], run)
+    for path in run.glob("rank-*.h5"):
+        as_older_log(path)
+    older, now = summarize(load_run(str(run))), summarize(load_run(runs["fixed"]))
+    assert set(older["cpu"]) == set(now["cpu"]) and all(v is None for v in older["cpu"].values())
+    assert all(v is not None for v in now["cpu"].values())
+    assert {k: v for k, v in older.items() if k not in ("cpu", "run")} == {k: v for k, v in now.items()
+                                                                           if k not in ("cpu", "run")}
+    proc = analyze(run)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[-1] for line in proc.stdout.splitlines() if "CPU" in line] == ["-"] * 8
 
 
 def test_killed_run_still_summarises(runs, tmp_path):

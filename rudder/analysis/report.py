@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from rudder.analysis.summary import TIMERS
+from rudder.analysis.summary import CPU_OF_WALL, TIMERS
 
 FIGURES = [  # (label, path into the summary, format[, scale]); text figures get no ratio
     ("status", ("status",), "{}"),
@@ -22,6 +22,14 @@ FIGURES = [  # (label, path into the summary, format[, scale]); text figures get
     ("allreduce s/epoch", ("time_breakdown", "t_allreduce"), "{:.3f}"),
     ("gradient copies s/epoch", ("time_breakdown", "t_grad_copy"), "{:.3f}"),
     ("agent s/epoch/trainer", ("time_breakdown", "agent"), "{:.3f}"),
+    ("sample CPU s/epoch", ("cpu", "cpu_sample"), "{:.3f}"),
+    ("fetch CPU s/epoch", ("cpu", "cpu_fetch"), "{:.3f}"),
+    ("copy CPU s/epoch", ("cpu", "cpu_copy"), "{:.3f}"),
+    ("compute CPU s/epoch", ("cpu", "cpu_compute"), "{:.3f}"),
+    ("sample CPU / wall", ("cpu", "cpu_sample_of_wall"), "{:.2f}"),
+    ("fetch CPU / wall", ("cpu", "cpu_fetch_of_wall"), "{:.2f}"),
+    ("copy CPU / wall", ("cpu", "cpu_copy_of_wall"), "{:.2f}"),
+    ("compute CPU / wall", ("cpu", "cpu_compute_of_wall"), "{:.2f}"),
     ("val accuracy", ("accuracy", "val"), "{:.4f}"),
     ("test accuracy", ("accuracy", "test"), "{:.4f}"),
     ("remote inputs/epoch", ("traffic", "remote_inputs_per_epoch"), "{:,.0f}"),
@@ -100,6 +108,7 @@ SCHEMA = {
     "run": str, "status": str, "warnings": list, "config": dict, "layout": dict, "ranks_read": int,
     "epochs": {"count": int, "train_seconds": float, "mean_seconds": (float, None), "median_seconds": (float, None)},
     "time_breakdown": {**{t: (float, None) for t in TIMERS}, "agent": (float, None)},
+    "cpu": {**{c: (float, None) for c in CPU_OF_WALL}, **{f"{c}_of_wall": (float, None) for c in CPU_OF_WALL}},
     "accuracy": {"val": (float, None), "test": (float, None)},
     "traffic": {"input_rows_per_epoch": (float, None), "remote_inputs_per_epoch": (float, None),
                 "remote_rows_fetched_per_epoch": (float, None), "rma_bytes_per_epoch": (float, None)},

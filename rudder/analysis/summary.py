@@ -13,6 +13,10 @@ from rudder.logs import metrics
 from rudder.logs.reader import Run
 
 TIMERS = ("t_sample", "t_fetch", "t_copy", "t_wait", "t_forward_backward", "t_allreduce", "t_grad_copy", "t_update")
+# Each thread's CPU seconds (CPU_TIMERS) against the wall seconds of the same work: the share of it
+# the thread ran. Below 1 it waited, for a core (more threads than cores), a lock or MPI.
+CPU_OF_WALL = {"cpu_sample": ("t_sample",), "cpu_fetch": ("t_fetch",), "cpu_copy": ("t_copy",),
+               "cpu_compute": ("t_forward_backward", "t_update")}
 
 
 def agent_seconds(run: Run, epochs: int) -> float | None:
@@ -21,6 +25,19 @@ def agent_seconds(run: Run, epochs: int) -> float | None:
         return None
     total = sum(float(a.decisions["latency"].sum()) for a in run.agents)
     return total / len(run.ranks) / epochs
+
+
+def cpu_figures(tables: list[np.ndarray], epochs: list[int], trainers: int) -> dict:
+    """Per timer: CPU seconds per trainer per epoch, and their share of the wall seconds (None
+    for logs from before the CPU columns, whose NaN would otherwise read as a figure)."""
+    out = {}
+    for cpu, walls in CPU_OF_WALL.items():
+        seconds = metrics.per_epoch_mean(tables, cpu, epochs)
+        wall = sum(metrics.per_epoch_mean(tables, w, epochs) or 0.0 for w in walls)
+        measured = seconds is not None and np.isfinite(seconds)
+        out[cpu] = seconds / trainers if measured else None
+        out[f"{cpu}_of_wall"] = seconds / wall if measured and wall > 0 else None
+    return out
 
 
 def summarize(run: Run, data_dir: str | None = None) -> dict:
@@ -54,6 +71,7 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
                    "median_seconds": metrics.epoch_time(seconds)},
         "time_breakdown": {**{t: (lambda v: None if v is None else v / len(ranks))(per_epoch(t)) for t in TIMERS},
                            "agent": agent_seconds(run, len(complete))},
+        "cpu": cpu_figures(minibatch_tables, timed, len(ranks)),
         "accuracy": {"val": float(evaluated[0]["val_acc"][-1]) if evaluated else None,
                      "test": float(evaluated[0]["test_acc"][-1]) if evaluated else None},
         "traffic": {"input_rows_per_epoch": per_epoch("input_nodes"),

@@ -92,6 +92,8 @@ EPOCH_ROW = table(
     *[(t, "f8", f"sum of the minibatches' {t}") for t in ("t_sample", "t_fetch", "t_copy", "t_rma", "t_wait",
                                                           "t_forward_backward", "t_allreduce", "t_grad_copy",
                                                           "t_update")],
+    *[(c, "f8", f"sum of the minibatches' {c} (NaN in logs from before the threads' CPU columns)")
+      for c in ("cpu_sample", "cpu_fetch", "cpu_copy", "cpu_compute")],
     *[(c, "i8", f"sum of the minibatches' {c}") for c in ("input_nodes", "input_remote", "bytes_rma", "hits", "misses",
                                                           "refills", "comm_volume")],
     ("loss", "f4", "mean of the minibatches' global loss"),

@@ -32,7 +32,7 @@ from rudder.data.adjacency import open_adjacency, resolve_topology
 from rudder.data.feature_store import FeatureStore
 from rudder.data.partition_store import read_partition
 from rudder.logs import metrics
-from rudder.logs.schema import EPOCH_ROW, EPOCH_TIMERS, MINIBATCH_ROW, TRACE, TRAINER, TRAINER_TABLES, record, upgrade
+from rudder.logs.schema import CPU_TIMERS, EPOCH_ROW, EPOCH_TIMERS, MINIBATCH_ROW, TRACE, TRAINER, TRAINER_TABLES, record, upgrade
 from rudder.logs.writer import RunLog, log_path
 from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
@@ -333,7 +333,7 @@ class Trainer:
         complete = len(table) == self.phases.steps(epoch)  # a stop after the last step still completes it
         result = {"epoch": epoch, "phase": self.phases.of_epoch(epoch).index,
                   "steps": len(table), "complete": complete, "seconds": seconds,
-                  **{t: float(table[t].sum()) for t in EPOCH_TIMERS},
+                  **{t: float(table[t].sum()) for t in EPOCH_TIMERS + CPU_TIMERS},
                   **{k: int(table[k].sum()) for k in ("input_nodes", "input_remote", "bytes_rma", "hits", "misses",
                                                       "refills", "comm_volume")},
                   "loss": float(np.nanmean(table["global_loss"])), "val_acc": np.nan, "test_acc": np.nan,
