@@ -62,8 +62,8 @@ def main() -> None:
     provenance = cpu.pop("calibration")
     print(f"CPU fit on {len(a.compute_runs)} local runs' {' and '.join(provenance['seconds'])} seconds "
           f"({time.time() - t:.0f} s): " + ", ".join(f"{k} {v:.3g}" for k, v in cpu.items() if k != "buffer_cpu")
-          + "".join(f"; {policy}'s buffer {a * 1e3:.3g} ms + {b * 1e6:.3g} us an input node"
-                    for policy, (a, b) in cpu["buffer_cpu"].items()))
+          + "".join(f"; buffer of {work}: {a * 1e3:.3g} ms + {b * 1e6:.3g} us an input node"
+                    for work, (a, b) in cpu["buffer_cpu"].items()))
     machines = []
     for rate, rate_bit in zip(rates, bits):
         t = time.time()

@@ -143,16 +143,22 @@ def test_yielding_threads_share_the_cores_only_while_busy():
 
 
 def test_a_buffers_cpu_is_added_to_its_own_policys_assembly():
-    """Machine.buffer_cpu: a minibatch's preparing costs its policy's buffer a + b x input nodes
-    more, and no other policy's."""
-    m = Machine(**{**HOST, "latency": 0.0, "buffer_cpu": {"lookahead": [0.5, 0.25]}})
+    """Machine.buffer_cpu: a minibatch's preparing costs a buffer a + b x input nodes more: the
+    figures of its policy and settings where those were calibrated, else its policy's pooled
+    ones; no other policy's."""
+    work = "lookahead buffer_fraction=0.25 lookahead=4"
+    m = Machine(**{**HOST, "latency": 0.0, "buffer_cpu": {"lookahead": [0.5, 0.25], work: [1.0, 0.5]}})
     sampled, fetched = _steps(2, 3, 1.0, 0.0)
     for s in sampled:
         s["input_nodes"] = np.full(3, 4.0)
     base = timing.step_costs(m, sampled, fetched, 1, 0)["prepare"]
-    np.testing.assert_allclose(timing.step_costs(m, sampled, fetched, 1, 0, policy="lookahead")["prepare"] - base,
-                               0.5 + 0.25 * 4)
-    np.testing.assert_allclose(timing.step_costs(m, sampled, fetched, 1, 0, policy="fixed")["prepare"], base)
+
+    def added(buffer_work):
+        return timing.step_costs(m, sampled, fetched, 1, 0, buffer_work=buffer_work)["prepare"] - base
+
+    np.testing.assert_allclose(added(work), 1.0 + 0.5 * 4)
+    np.testing.assert_allclose(added("lookahead buffer_fraction=0.25 lookahead=8"), 0.5 + 0.25 * 4)
+    np.testing.assert_allclose(added("fixed buffer_fraction=0.25 delta=8"), 0.0)
 
 
 def test_links_divide_bandwidth_as_their_topology_does():

@@ -159,21 +159,31 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     assert walled["calibration"]["seconds"] == ["wall"]
     assert walled["calibration"]["fits"]["sample_step"]["mean_seconds_one_core"] == pytest.approx(
         timed["t_sample"].mean() / 2)
-    # a local run with a buffer: what its policy's buffer adds to the assembly, over the run without one
-    buffered = str(tmp_path / "buffered")
-    proc = run_train(2, "--data", cora2, "--run-dir", buffered, "--no-overlap", "--policy", "fixed", "--delta", "2",
-                     *flags, env={"MPIR_CVAR_NUM_CLIQUES": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    both = fit_cpu([local, buffered], cores=2)
+    # local runs with a buffer: what their buffer adds to the assembly over the run without one, per
+    # policy and settings (two deltas of fixed), and pooled per policy
+    buffered = {delta: str(tmp_path / f"buffered-d{delta}") for delta in (2, 5)}
+    for delta, run in buffered.items():
+        proc = run_train(2, "--data", cora2, "--run-dir", run, "--no-overlap", "--policy", "fixed", "--delta", str(delta),
+                         *flags, env={"MPIR_CVAR_NUM_CLIQUES": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    both = fit_cpu([local, *buffered.values()], cores=2)
     assert {k: v for k, v in both.items() if k not in ("calibration", "buffer_cpu")} == \
         {k: v for k, v in cpu.items() if k not in ("calibration", "buffer_cpu")}  # the step's figures: the run without
-    steps = np.concatenate([log["minibatches"][log["minibatches"]["epoch"] >= 1] for log in read_logs(buffered)])
-    plain = cpu["assemble_step"] + cpu["assemble_byte"] * steps["input_nodes"] * PartitionMeta.load(cora2).feat_dim * 4
-    assert list(both["buffer_cpu"]) == ["fixed"] and min(both["buffer_cpu"]["fixed"]) >= 0
-    assert both["calibration"]["fits"]["buffer_cpu"]["fixed"]["mean_seconds_one_core"] == pytest.approx(
-        float((steps["cpu_fetch"] - plain).mean()))
+    work = {delta: f"fixed buffer_fraction=0.25 buffer_scope=halo buffer_sharing=trainer buffer_split=pool "
+                   f"delta={delta} refill_budget=1.0" for delta in buffered}
+    assert sorted(both["buffer_cpu"]) == sorted(["fixed", *work.values()])
+    assert all(min(v) >= 0 for v in both["buffer_cpu"].values())
+    fits, added = both["calibration"]["fits"]["buffer_cpu"], {}
+    for delta, run in buffered.items():
+        steps = np.concatenate([log["minibatches"][log["minibatches"]["epoch"] >= 1] for log in read_logs(run)])
+        plain = cpu["assemble_step"] + cpu["assemble_byte"] * steps["input_nodes"] * PartitionMeta.load(cora2).feat_dim * 4
+        added[delta] = steps["cpu_fetch"] - plain
+        assert fits[work[delta]]["runs"] == [run]
+        assert fits[work[delta]]["mean_seconds_one_core"] == pytest.approx(float(added[delta].mean()))
+    assert fits["fixed"]["runs"] == list(buffered.values())
+    assert fits["fixed"]["mean_seconds_one_core"] == pytest.approx(float(np.concatenate(list(added.values())).mean()))
     with pytest.raises(ConfigError, match="at least one run without a buffer"):
-        fit_cpu([buffered], cores=2)
+        fit_cpu([buffered[2]], cores=2)
     assert cpu["buffer_cpu"] == {}
     cpu.pop("calibration")
     link = dict(latency=1e-4, loaded_latency=2e-4, get_call=5e-6, node_bandwidth=5e9, ranks_per_node=1)

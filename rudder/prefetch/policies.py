@@ -61,6 +61,9 @@ class Policy:
     buffer_class: type[PrefetchBuffer] | None = ScoredBuffer  # None: no buffer
     lookahead = 0  # minibatches the sampler must run ahead
     needs_agent = False  # an agent rank per node serves this policy's decisions
+    # The options (flat names) that change the CPU its buffer costs a minibatch: a simulator profile
+    # keeps a buffer's CPU per policy and these settings (``rudder.sim.machine.buffer_work``).
+    work_settings: tuple[str, ...] = ("buffer_fraction", "buffer_scope", "buffer_sharing", "buffer_split")
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -129,6 +132,7 @@ class Policy:
 @register("none")
 class NoBuffer(Policy):
     buffer_class = None
+    work_settings = ()
 
 
 @register("static")
@@ -139,6 +143,7 @@ class Static(Policy):
 @register("fixed")
 class Fixed(Policy):
     asker = "timer"
+    work_settings = Policy.work_settings + ("delta", "refill_budget")
     collector = None
 
     def log_tables(self) -> dict:
@@ -181,6 +186,7 @@ class Replay(Policy):
     """The replacements of an earlier run at the same minibatches, with their refill budgets and
     windows (and its agent's buffer, ``--agent-buffer``, when it had one)."""
     asker = "replay"
+    work_settings = Policy.work_settings + ("agent_buffer", "lookahead")
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -212,6 +218,7 @@ class Replay(Policy):
 @register("lookahead")
 class Lookahead(Policy):
     buffer_class = WindowBuffer
+    work_settings = Policy.work_settings + ("lookahead",)
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -226,6 +233,7 @@ class AgentPolicy(Policy):
     outstanding."""
     asker = "agent"
     needs_agent = True
+    work_settings = Policy.work_settings + ("agent_buffer", "lookahead", "agent_action", "agent_window")
 
     def __init__(self, cfg):
         super().__init__(cfg)

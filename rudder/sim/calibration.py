@@ -9,7 +9,7 @@ from scipy.optimize import nnls
 
 from rudder.logs import metrics
 from rudder.logs.reader import load_run
-from rudder.sim.simulate import simulate
+from rudder.sim.simulate import buffer_work, simulate
 from rudder.sim.validate import background_load
 from rudder.train.config import ConfigError, TrainConfig
 
@@ -25,7 +25,8 @@ CPU_FITS = (
 
 def run_counts(run_dir: str) -> tuple[dict, list[np.ndarray], int, str]:
     """A local run's per-minibatch counts (simulated: they equal the run's) and its minibatch rows,
-    both over its timed epochs, trainer after trainer; its pipeline depth and its policy."""
+    both over its timed epochs, trainer after trainer; its pipeline depth and its buffer's work
+    (``buffer_work``: its policy, then the settings)."""
     run = load_run(run_dir)
     cfg = TrainConfig.from_flat(run.config, f"--compute-runs {run_dir}", strict=False)
     layout = run.ranks[0].layout
@@ -47,7 +48,7 @@ def run_counts(run_dir: str) -> tuple[dict, list[np.ndarray], int, str]:
         counts["flops"].append(s.flops[:len(mb)][keep])
         rows.append(mb[keep])
     return ({k: np.concatenate(v).astype(np.float64) for k, v in counts.items()}, rows, cfg.sampling.prefetch_depth,
-            cfg.buffer.policy)
+            buffer_work(cfg))
 
 
 def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -70,7 +71,8 @@ def fit_cpu(run_dirs: list[str], cores: int) -> dict:
     ys: dict[str, list] = {}
     loads, sources, buffered = [], set(), []
     for d in run_dirs:
-        counts, rows, depth, policy = run_counts(d)
+        counts, rows, depth, work = run_counts(d)
+        policy = work.split(" ")[0]
         if depth:
             raise ConfigError(f"--compute-runs {d}: expected a run with --no-overlap (each timer its own work)")
         loads.append(background_load(d) or 0.0)
@@ -82,7 +84,7 @@ def fit_cpu(run_dirs: list[str], cores: int) -> dict:
             if not logged_cpu:
                 raise ConfigError(f"--compute-runs {d}: a run with a buffer ({policy}) needs its threads' CPU seconds "
                                   "(cpu_fetch), which its log, from an older version, lacks")
-            buffered.append((d, policy, counts, table))
+            buffered.append((d, work, counts, table))
             continue
         for names, cpu, wall, scale in CPU_FITS:
             xs.setdefault(names[0], []).append(counts[scale])
@@ -108,21 +110,24 @@ def fit_cpu(run_dirs: list[str], cores: int) -> dict:
 
 
 def buffer_fits(buffered: list, base: dict) -> tuple[dict, dict]:
-    """Per policy, the CPU its buffer adds to a minibatch's assembly, one core's: the runs'
+    """The CPU a buffer adds to a minibatch's assembly, one core's, per buffer work (policy and
+    settings: ``buffer_work``) and, pooled over the settings its runs had, per policy: the runs'
     ``cpu_fetch`` less what the assembly costs without a buffer (``base``'s fit), fitted on the
     minibatch's input nodes (the lookups; the replacement and settling scale with them too)."""
     xs: dict[str, list] = {}
     ys: dict[str, list] = {}
-    for _, policy, counts, table in buffered:
+    runs: dict[str, list] = {}
+    for d, work, counts, table in buffered:
         plain = base["assemble_step"] + base["assemble_byte"] * counts["input_bytes"]
-        xs.setdefault(policy, []).append(counts["input_nodes"])
-        ys.setdefault(policy, []).append(table["cpu_fetch"] - plain)
+        for key in dict.fromkeys([work, work.split(" ")[0]]):  # the settings', then the policy's pool
+            xs.setdefault(key, []).append(counts["input_nodes"])
+            ys.setdefault(key, []).append(table["cpu_fetch"] - plain)
+            runs.setdefault(key, []).append(d)
     fits, used = {}, {}
-    for policy in xs:
-        x, y = np.concatenate(xs[policy]), np.concatenate(ys[policy])
-        fits[policy] = list(fit_line(x, y))
-        used[policy] = {"runs": [d for d, p, _, _ in buffered if p == policy], "minibatches": int(x.size),
-                        "mean_seconds_one_core": float(y.mean())}
+    for key in xs:
+        x, y = np.concatenate(xs[key]), np.concatenate(ys[key])
+        fits[key] = list(fit_line(x, y))
+        used[key] = {"runs": runs[key], "minibatches": int(x.size), "mean_seconds_one_core": float(y.mean())}
     return fits, used
 
 

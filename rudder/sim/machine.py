@@ -41,12 +41,20 @@ class Machine:
     assemble_byte: float = 0.0  # ... and per input feature byte (float32, as the model sees them)
     stage_step: float = 0.0  # building the blocks: per minibatch
     stage_edge: float = 0.0  # ... and per sampled edge
-    # policy -> [seconds a minibatch, seconds an input node]: the CPU its buffer adds to a minibatch's
-    # assembly over no buffer's (lookups, replacement, settling; one core's); a policy without one adds none
+    # buffer work -> [seconds a minibatch, seconds an input node]: the CPU a buffer adds to a minibatch's
+    # assembly over no buffer's (lookups, replacement, settling; one core's), keyed by its policy and
+    # settings (rudder.sim.simulate.buffer_work) and, pooled over the settings calibrated, by its
+    # policy alone; a policy without either adds none
     buffer_cpu: dict = dataclasses.field(default_factory=dict)
     rate: str = ""  # the shaping it stands for (python -m rudder.netem --rate), "" for none
     rate_bit: float = 0.0  # the same in bit/s
     calibration: dict = dataclasses.field(default_factory=dict, compare=False)  # how it was measured
+
+    def buffer_seconds(self, work: str) -> tuple[float, float]:
+        """``buffer_cpu``'s figures for a buffer's work: those of its policy and settings if they
+        were calibrated, else its policy's pooled ones, else none."""
+        figures = self.buffer_cpu.get(work) or self.buffer_cpu.get(work.split(" ")[0]) or (0.0, 0.0)
+        return float(figures[0]), float(figures[1])
 
 
 # Perlmutter: a GPU node has 4 A100 and 4 Slingshot-11 NICs (200 Gb/s = 25 GB/s each), a CPU node
@@ -101,8 +109,8 @@ def load_profile(path: str) -> list[Machine]:
         if not isinstance(extra, dict) or not all(
                 isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in v)
                 for v in extra.values()):
-            raise bad(f"machine {i}: buffer_cpu must map policies to [seconds a minibatch, seconds an input node], "
-                      "non-negative")
+            raise bad(f"machine {i}: buffer_cpu must map policies (and settings) to [seconds a minibatch, seconds an "
+                      "input node], non-negative")
         machines.append(Machine(**entry))
     return machines
 

@@ -39,7 +39,7 @@ from rudder.data.feature_encoding import FeatureEncoding
 from rudder.logs import metrics
 from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
-from rudder.prefetch.policies import PolicyContext, make_policy
+from rudder.prefetch.policies import POLICIES, PolicyContext, make_policy
 from rudder.prefetch.vip import fill_ranking
 from rudder.sampling.neighbors import NeighborSampler
 from rudder.sampling.phases import RunPhases, phase_sampler_fanouts, phase_seeds
@@ -47,6 +47,7 @@ from rudder.sampling.schedule import minibatch_schedule
 from rudder.sim import timing
 from rudder.sim.machine import Machine, sage_flops
 from rudder.sim.transport import CountedStore, Graph, MemoryLog, ModelledLink, SimulatedAdjacency
+from rudder.train import options
 from rudder.train.config import TrainConfig
 
 
@@ -174,11 +175,20 @@ def _simulate_trainer(job):
     return part, sampled, per_policy
 
 
+def buffer_work(cfg: TrainConfig) -> str:
+    """What a profile's ``buffer_cpu`` keys a run's buffer CPU by: its policy, then the settings
+    that change that CPU (the policy's ``work_settings``), e.g. ``fixed buffer_fraction=0.25
+    ... delta=8 refill_budget=1.0``."""
+    flat = options.to_flat(cfg)
+    settings = POLICIES[cfg.buffer.policy].work_settings
+    return " ".join([cfg.buffer.policy] + [f"{name}={flat[name]}" for name in sorted(settings)])
+
+
 def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | None, feat_dim: int | None = None,
              workers: int = 1, graph: Graph | None = None, progress=None) -> dict:
     """Every trainer of ``cfg``'s data under each of ``policies`` ({label: flat option overrides}).
     Returns {"steps_per_epoch", "parts", "sampled": {part: Sampled}, "policies": {label: {part: columns}},
-    "policy_of": {label: its policy}}."""
+    "buffer_work": {label: its ``buffer_work``}}."""
     global _GRAPH
     _GRAPH = graph or Graph(cfg.data.path)
     meta = _GRAPH.meta
@@ -206,7 +216,7 @@ def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | Non
             "params": params, "feat_dim": dim,
             "sampled": {p: r[0] for p, r in sorted(results.items())},
             "policies": {label: {p: r[1][label] for p, r in sorted(results.items())} for label in policies},
-            "policy_of": {label: overrides.get("policy", cfg.buffer.policy) for label, overrides in policies.items()}}
+            "buffer_work": {label: buffer_work(cfg.replace(**overrides)) for label, overrides in policies.items()}}
 
 
 def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1, waiting: str = "spin") -> dict:
@@ -231,7 +241,7 @@ def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1
                "replacements": int(cols["replaced"].sum()), "decisions": int(sum(f["decisions"] for f in fetched))}
         if machine is not None:
             serial, overlapped = (timing.modelled_epoch(machine, sampled, fetched, result["feat_dim"], d, sync, epoch_of,
-                                                        epochs, waiting=waiting, policy=result["policy_of"][label])
+                                                        epochs, waiting=waiting, buffer_work=result["buffer_work"][label])
                                    for d in (0, max(1, depth)))
             row["epoch_seconds"] = serial["seconds"]
             row["epoch_seconds_overlap"] = overlapped["seconds"]

@@ -199,13 +199,13 @@ def yielding_slowdown(m: Machine, trainers: int, depth: int, background: float, 
 
 
 def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, depth: int,
-               background: float | None = None, slowdown: PerThread | None = None, policy: str = "") -> dict:
+               background: float | None = None, slowdown: PerThread | None = None, buffer_work: str = "") -> dict:
     """(trainers, steps) arrays of a policy's prepare and train seconds at a pipeline depth:
     ``sampled``: each trainer's ``Sampled``; ``fetched``: its replay columns; ``background``:
     other jobs' runnable threads (default: the machine's); ``slowdown``: how much slower the CPU
     work runs on the shared cores (default: every thread runnable, ``contention``). ``work``: the
-    same CPU work at one core's speed (preparing and training), for ``busy_shares``; ``policy``:
-    whose buffer's CPU (``m.buffer_cpu``) the assembly adds."""
+    same CPU work at one core's speed (preparing and training), for ``busy_shares``; ``buffer_work``:
+    the buffer whose CPU (``m.buffer_seconds``) the assembly adds (``rudder.sim.simulate.buffer_work``)."""
     def stack(rows, name):
         return np.stack([getattr(r, name) if hasattr(r, name) else r[name] for r in rows]).astype(np.float64)
 
@@ -213,7 +213,7 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
     inputs, rows_rma, bytes_rma = stack(sampled, "input_nodes"), stack(fetched, "rows_rma"), stack(fetched, "bytes_rma")
     cpu_bytes = (inputs - rows_rma) * feat_dim * 4  # the rest came by RMA
     copy = m.assemble_byte * cpu_bytes
-    per_minibatch, per_input = m.buffer_cpu.get(policy, (0.0, 0.0))
+    per_minibatch, per_input = m.buffer_seconds(buffer_work)
     cpu = (m.sample_step + m.sample_edge * edges + m.assemble_step + per_minibatch + per_input * inputs + m.stage_step
            + m.stage_edge * edges)
     # A read whose shared-memory rows exceed COPY_FIRST_MAX_BYTES issues its Gets first and copies
@@ -275,7 +275,7 @@ SETTLED = 1e-3  # a slowdown that moved less than this between passes has settle
 
 def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, depth: int, sync: float,
                    epoch_of: np.ndarray, epochs: int, background: float | None = None, waiting: str = "spin",
-                   policy: str = "") -> dict:
+                   buffer_work: str = "") -> dict:
     """``epoch_time`` of a policy's ``step_costs``, with the cores shared as ``waiting`` (a resolved
     ``--mpi-wait``) shares them, and the ``slowdown`` it came to. Spinning, every thread is always
     runnable (``contention``); yielding, only busy ones are (``yielding_slowdown``), and each
@@ -283,11 +283,11 @@ def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int
     byte of the cores busy either way. The busy shares and the seconds spent waiting depend on
     how long the epoch takes, which depends on the slowdown: from spinning's slowdown without the
     bytes' CPU, each pass sets the slowdown from the epoch modelled with the last one, until it
-    settles. ``policy``: as ``step_costs`` takes it."""
+    settles. ``buffer_work``: as ``step_costs`` takes it."""
     background = m.background if background is None else background
     slowdown = contention(m, len(sampled), depth, background)
     for _ in range(MAX_PASSES):
-        costs = step_costs(m, sampled, fetched, feat_dim, depth, background, slowdown, policy)
+        costs = step_costs(m, sampled, fetched, feat_dim, depth, background, slowdown, buffer_work)
         out = epoch_time(costs, sync, depth, epoch_of, epochs)
         if not m.cores:
             break
