@@ -12,6 +12,7 @@ tests for answers, and whatever its model takes from the trainers' cores. Target
     python bench/agent.py --latency-only [--decisions 12]   (paper vs structured answers, side by side)
     python bench/agent.py --transports [--policy heuristic] [--repeats 2] [--agent-window 1]
     python bench/agent.py --batched 4 [--decisions 6]   (a pass of N decisions: one batched call vs N calls)
+    python bench/agent.py --window-rounds 6 [--rate 1gbit] [--epochs 6]   (steering the window, steady)
 
 ``--transports``: the same run over ``--agent-transport p2p`` (a request and an answer per trainer
 point-to-point) and ``collective`` (an Igather and an Iscatter per window on the node), repeated
@@ -22,6 +23,15 @@ collective / p2p.
 trainers' contexts (the collective transport's pass over a node), alternately one ``decide`` per
 trainer and one ``decide_all`` (one batched llama.cpp call, ``BatchedDecoder``), on the same
 contexts; it prints the median seconds per pass of each, their ratio and the fallbacks.
+
+``--window-rounds N``: what steering lookahead's window costs when nothing changes. RMAT-16 on 4
+trainers, each an emulated node, behind one shared ``--rate`` link (``python -m rudder.netem``),
+batch 256, fanouts 10,25, f = 0.25; N rounds, each running in turn ``lookahead`` with windows 4
+and 8, ``tuner`` steering the window (0-8, ``--agent-buffer window --lookahead 8``, an agent rank
+per node sharing the trainers' cores), and that run's decisions replayed without an agent
+(``--policy replay``). Prints each round's epoch seconds (median over epochs, slowest trainer),
+and per setting the median over rounds of its epoch over the round's window-4 run, and the
+steered run over its replay (the agent's presence).
 
 ``--latency-only`` loads the default model once per action mode and asks them in turn, one
 decision each (so a change of the machine's load falls on both alike), on the same random
@@ -50,6 +60,7 @@ from rudder.agent.samples import random_context  # noqa: E402
 from rudder.agent.tiny_gguf import write_tiny_gguf  # noqa: E402
 from rudder.analysis.summary import summarize  # noqa: E402
 from rudder.logs.reader import load_run  # noqa: E402
+from rudder.netem.namespaces import support_problem  # noqa: E402
 from rudder.train.config import TrainConfig  # noqa: E402
 
 
@@ -65,6 +76,45 @@ def pair(parts: str, out: str, n: int, policy: str, flags: list[str]) -> dict:
     return {"policy": policy, "epoch": a["epochs"]["median_seconds"], "replay": b["epochs"]["median_seconds"],
             "decisions": a["decisions"]["count"], "latency": a["decisions"]["latency_mean"],
             "rows": a["traffic"]["remote_rows_fetched_per_epoch"]}
+
+
+RMAT16 = "synthetic:rmat:scale=16,edge_factor=16,feat_dim=128,classes=16,seed=1"
+
+
+def window_rounds(out: str, rounds: int, epochs: int, rate: str) -> None:
+    problem = support_problem()
+    if problem is not None:
+        print(f"--window-rounds: skipped, no shaped network on this machine: {problem}")
+        return
+    parts = cached_partition(RMAT16, 4, os.path.join(out, "rmat16-4"), "float32")
+    shaped = [sys.executable, "-m", "rudder.netem", "--rate", rate, "--links", "shared", "--nodes", "4", "--"]
+    base = ["--epochs", str(epochs), "--batch-size", "256", "--fanouts", "10,25", "--buffer-fraction", "0.25"]
+    steered = ["--agent-action", "structured", "--agent-buffer", "window", "--lookahead", "8"]
+    settings = {"lookahead-w4": (4, ["--policy", "lookahead", "--lookahead", "4"]),
+                "lookahead-w8": (4, ["--policy", "lookahead", "--lookahead", "8"]),
+                "tuner-window": (8, ["--policy", "tuner", *steered]),
+                "replay": (4, ["--policy", "replay", "--replay", os.path.join(out, "tuner-window"), *steered])}
+    print(f"RMAT-16, 4 trainers each an emulated node, one shared {rate} link, batch 256, f = 0.25, {epochs} epochs, "
+          f"{rounds} rounds; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    print(f"{'round':>5} " + " ".join(f"{label:>13}" for label in settings) + " (epoch s)")
+    seconds: dict[str, list[float]] = {label: [] for label in settings}
+    for r in range(rounds):
+        rows = {}
+        for label, (ranks, flags) in settings.items():
+            run = os.path.join(out, label)
+            train_job(parts, run, ranks, 4, base + flags, wrapper=shaped)
+            s = summarize(load_run(run))
+            seconds[label].append(s["epochs"]["median_seconds"])
+            rows[label] = s["buffer"]["comm_volume"]
+        if rows["replay"] != rows["tuner-window"]:
+            raise SystemExit(f"round {r}: the replay fetched {rows['replay']} rows, the steered run {rows['tuner-window']}: "
+                             "not the same work")
+        print(f"{r:5d} " + " ".join(f"{seconds[label][-1]:13.3f}" for label in settings), flush=True)
+    ratio = {label: np.median(np.array(v) / np.array(seconds["lookahead-w4"])) for label, v in seconds.items()}
+    print("median over rounds, against the round's lookahead-w4: "
+          + ", ".join(f"{label} {ratio[label]:.3f}" for label in settings if label != "lookahead-w4")
+          + f"; tuner-window over its replay {np.median(np.array(seconds['tuner-window']) / np.array(seconds['replay'])):.3f}"
+          + f"; load average {os.getloadavg()[0]:.2f}")
 
 
 def transports(parts: str, out: str, n: int, policy: str, flags: list[str], repeats: int) -> None:
@@ -164,7 +214,13 @@ def main() -> int:
     ap.add_argument("--agent-window", type=int, default=1)
     ap.add_argument("--batched", type=int, default=0, metavar="N",
                     help="only passes of N structured llm decisions: one batched call vs one call each")
+    ap.add_argument("--window-rounds", type=int, default=0, metavar="N",
+                    help="only rounds of lookahead windows 4 and 8, the tuner steering the window, and its replay")
+    ap.add_argument("--rate", default="1gbit", help="with --window-rounds: the shared link's rate")
     a = ap.parse_args()
+    if a.window_rounds:
+        window_rounds(a.out, a.window_rounds, a.epochs, a.rate)
+        return 0
     if a.batched:
         print(f"structured llm, SmolLM2-135M-Instruct, 1 thread, prompt v{PROMPT_VERSION}, {a.decisions} passes of "
               f"{a.batched}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

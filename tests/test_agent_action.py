@@ -216,6 +216,28 @@ def test_heuristic_classifier_and_tuner_answer_valid_actions():
     assert max(range(8), key=later.count) == 2  # the least waiting one, chosen most
 
 
+def test_the_tuner_changes_action_rarely_where_actions_wait_alike():
+    """UCB2's epochs: with every action's wait drawn from one distribution, the tuner still plays
+    each action in long stretches, changing action O(log n) times (UCB1 changed at most windows)
+    while trying every one again and again."""
+    from rudder.agent.deciders.tuner import tau
+
+    cfg = TrainConfig.from_flat({"data": "-", "run_dir": "-", "policy": "tuner", "agent_action": "structured"})
+    tuner, rng = Tuner(cfg), np.random.default_rng(11)
+    ctx = random_context(rng, 4)
+    ctx.facts.update(max_refill=0, max_window=8)  # a window buffer: the actions are windows 4 and 8
+    windows = []
+    for _ in range(1000):
+        ctx.latest["wait_share"] = float(rng.uniform(0, 0.3))
+        windows.append(tuner.decide(ctx).action.window)
+    changes = int(np.count_nonzero(np.diff(windows)))
+    assert set(windows) == {4, 8} and min(windows.count(4), windows.count(8)) > 100
+    assert changes <= 2 * (1 + int(np.log(1000) / np.log(1.5)))  # at most an epoch per r per action
+    arms = tuner.arms[0]  # an action picked for r epochs played tau(r) windows (its try, then the epochs)
+    played = [tau(r) - (arms.left if i == arms.last else 0) for i, r in enumerate(arms.epochs)]
+    assert played == [windows.count(a.window) for a in arms.actions]
+
+
 def test_the_tuner_predicts_each_figure_from_its_chosen_actions_past_windows():
     """The tuner's hit-rate and communication predictions (and, structured, the wait's): the chosen
     action's mean of that figure over the windows that followed it, against the latest window's;
@@ -265,9 +287,15 @@ def test_the_tuner_resumes_from_its_checkpointed_arms():
     assert run(restored, waits[30:]) == expected
     assert run(fresh, waits[30:]) != expected
     legacy = Tuner(cfg)  # a checkpoint from before the predictions' sums: the same choices
-    legacy.load_state_dict({"arms": {rank: {k: a[k] for k in ("pulls", "total", "last")}
+    legacy.load_state_dict({"arms": {rank: {k: a[k] for k in ("pulls", "total", "last", "epochs", "left")}
                                      for rank, a in state["arms"].items()}})
     assert run(legacy, waits[30:]) == expected
+    ucb1 = Tuner(cfg)  # one from the UCB1 tuner, before UCB2's epochs: what it learnt is kept, epochs start afresh
+    ucb1.load_state_dict({"arms": {rank: {k: a[k] for k in ("pulls", "total", "last")}
+                                   for rank, a in state["arms"].items()}})
+    ucb1.decide(ctxs[0])
+    resumed = ucb1.state_dict()["arms"][0]
+    assert sum(resumed["pulls"]) == sum(state["arms"][0]["pulls"]) + 1 and sum(resumed["epochs"]) == 1
     partial = Tuner(cfg)  # a trainer that has not asked since the resume keeps its saved arms
     partial.load_state_dict(state)
     partial.decide(ctxs[0])

@@ -1,11 +1,15 @@
 """The ``tuner`` decider: an online bandit, the non-LLM adaptive baseline that needs no offline
-training. Per trainer, UCB1 over a few actions: with ``--agent-action structured`` the refill
-budgets 0, 1/4, 1/2 and all of the buffer's capacity (times the windows half and all of the limit,
-where the buffer looks ahead), with ``paper`` keep and evict. Each action's reward is minus the
-wait share of the window reported after it (the share of step time the training thread waited
-for its inputs, as measured), so it learns which budget costs the steps least as conditions go;
-where nobody waits, every action scores alike and it goes on trying them in turn, which then
-costs no time either. Every action is tried once, in order, before any is repeated. Its
+training. Per trainer, UCB2 (Auer, Cesa-Bianchi and Fischer, 2002) over a few actions: with
+``--agent-action structured`` the refill budgets 0, 1/4, 1/2 and all of the buffer's capacity
+(times the windows half and all of the limit, where the buffer looks ahead), with ``paper`` keep
+and evict. Each action's reward is minus the wait share of the window reported after it (the
+share of step time the training thread waited for its inputs, as measured), so it learns which
+budget costs the steps least as conditions go. Every action is tried once, in order, before any
+is repeated. Then UCB2 plays the action it picks for an epoch of windows in a row, epochs growing
+by ``ALPHA`` each time an action is picked again: a change of action costs the buffer work (a
+lookahead window that shrinks is rebuilt), and UCB1, which may change at every window, changed
+at most of them where actions waited alike (docs/results-agent.md); UCB2 changes O(log n) times,
+with UCB1's order of regret. Its
 predictions, for the hit rate, the communication volume and (structured) the wait: the chosen
 action's mean of that figure over the windows that followed it so far, against the latest
 window's: higher "increase", lower "decrease", not yet seen or equal "stagnant"."""
@@ -19,7 +23,7 @@ from rudder.agent.deciders.base import Decider, TrainerContext, register_decider
 from rudder.agent.protocol import EVICT, KEEP, Decision
 
 FRACTIONS = (0.0, 0.25, 0.5, 1.0)
-EXPLORATION = 1.0  # UCB1's c: rewards lie in [-1, 0]
+ALPHA = 0.5  # UCB2's epoch growth: an action's r-th epoch ends after tau(r) = ceil((1 + ALPHA)^r) windows of it
 PREDICTED = ("hitrate", "comm_volume", "wait_share")  # window figures whose direction it predicts
 
 
@@ -31,25 +35,31 @@ class Arms:
     last: int | None = None  # the action chosen last, whose reward the next request reports
     seen: dict[str, list[float]] = field(default_factory=dict)  # per PREDICTED figure, its sum after each action
     observed: list[int] = field(default_factory=list)  # windows summed in ``seen``, per action
+    epochs: list[int] = field(default_factory=list)  # UCB2's r: the epochs each action was picked for
+    left: int = 0  # windows the last action still plays in its epoch
 
     def __post_init__(self):
         self.pulls, self.total = [0] * len(self.actions), [0.0] * len(self.actions)
         self.seen, self.observed = {m: [0.0] * len(self.actions) for m in PREDICTED}, [0] * len(self.actions)
+        self.epochs = [0] * len(self.actions)
 
     def state(self) -> dict:
         return {"pulls": list(self.pulls), "total": list(self.total), "last": self.last,
-                "seen": {m: list(v) for m, v in self.seen.items()}, "observed": list(self.observed)}
+                "seen": {m: list(v) for m, v in self.seen.items()}, "observed": list(self.observed),
+                "epochs": list(self.epochs), "left": self.left}
 
     @classmethod
     def restored(cls, actions: list[Action], state: dict) -> Arms:
         """Arms over ``actions`` with the statistics a checkpoint saved (``state``; one saved before
-        the predictions' sums starts them afresh)."""
+        the predictions' sums starts them afresh, one saved before UCB2's epochs starts those)."""
         if len(state["pulls"]) != len(actions) or len(state["total"]) != len(actions):
             raise ValueError(f"--resume: the tuner's checkpoint has {len(state['pulls'])} arms, this run {len(actions)}")
         arms = cls(actions)
         arms.pulls, arms.total, arms.last = list(state["pulls"]), list(state["total"]), state["last"]
         if "observed" in state:
             arms.seen, arms.observed = {m: list(state["seen"][m]) for m in PREDICTED}, list(state["observed"])
+        if "epochs" in state:
+            arms.epochs, arms.left = list(state["epochs"]), int(state["left"])
         return arms
 
     def observe(self, latest: dict) -> None:
@@ -70,12 +80,28 @@ class Arms:
         return "increase" if mean > now else "decrease" if mean < now else "stagnant"
 
     def choose(self) -> int:
-        n = sum(self.pulls)
+        """The last action while its epoch lasts; else the first untried one; else UCB2's pick,
+        which then plays tau(r + 1) - tau(r) windows, r its epochs so far."""
+        if self.left and self.last is not None:
+            self.left -= 1
+            return self.last
         untried = [i for i, p in enumerate(self.pulls) if p == 0]
         if untried:
             return untried[0]
-        ucb = [t / p + EXPLORATION * math.sqrt(2 * math.log(n) / p) for t, p in zip(self.total, self.pulls)]
-        return max(range(len(ucb)), key=lambda i: (ucb[i], -i))  # ties: the smaller budget
+        n = sum(self.pulls)
+
+        def bonus(r: int) -> float:
+            return math.sqrt((1 + ALPHA) * max(0.0, math.log(math.e * n / tau(r))) / (2 * tau(r)))
+
+        ucb = [t / p + bonus(r) for t, p, r in zip(self.total, self.pulls, self.epochs)]
+        chosen = max(range(len(ucb)), key=lambda i: (ucb[i], -i))  # ties: the smaller budget
+        r = self.epochs[chosen]
+        self.epochs[chosen], self.left = r + 1, tau(r + 1) - tau(r) - 1  # this window is the epoch's first
+        return chosen
+
+
+def tau(r: int) -> int:
+    return math.ceil((1 + ALPHA) ** r)
 
 
 def actions_of(limits: ActionLimits, structured: bool) -> list[Action]:
