@@ -44,6 +44,7 @@ def test_agents_serve_their_own_node_and_decisions_apply_where_logged(parts, tmp
     trainers = {r: e for r, e in logs.items() if e["role"] == "trainer"}
     assert sorted(agents) == [4, 5] and sorted(trainers) == [0, 1, 2, 3]  # round-robin nodes: agents 4 and 5
     assert all(e["status"] == "completed" for e in logs.values())
+    assert all(e["layout"]["shares_cores"] for e in logs.values())  # no --agent-cores: one set of cores for all
     for agent in agents.values():
         node = agent["layout"]["node_id"]
         mine = {r for r, e in trainers.items() if e["layout"]["node_id"] == node}
@@ -71,6 +72,7 @@ def test_a_slow_agent_never_blocks_training(parts, tmp_path):
     for e in logs.values():
         if len(cores) >= 2:
             assert e["layout"]["cpus"] == (cores[-1:] if e["role"] == "agent" else cores[:-1])
+            assert not e["layout"]["shares_cores"]  # so the agents look for requests often (IdlePoll)
     for agent in (e for e in logs.values() if e["role"] == "agent"):
         d, o = agent["decisions"], agent["outcomes"]
         assert d.size >= 1 and (d["latency"] >= 0.25).all()

@@ -31,6 +31,7 @@ import json
 import os
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -59,11 +60,32 @@ from rudder.logs.schema import AGENT, AGENT_RAGGED, AGENT_TABLES
 from rudder.logs.writer import RunLog, log_path
 
 
+@dataclass(frozen=True)
+class IdlePoll:
+    """How the agent looks for messages while it has nothing to decide: it sleeps ``first``
+    seconds, doubling up to ``longest``, and starts again from ``first`` after each decision.
+    Every look enters MPICH's progress engine (shared memory and sockets polled) and wakes the
+    process: on the trainers' cores each wake-up preempts a trainer's thread, so an agent sharing
+    them looks less often (its answers arrive a little later: ``rudder.analyze`` reports the
+    gap); on a core of its own (``--agent-cores``) looking costs the trainers nothing."""
+    first: float
+    longest: float
+
+    def after(self, idle: float) -> float:
+        return min(2 * idle, self.longest)
+
+
+POLL_OWN_CORE = IdlePoll(0.0005, 0.005)
+POLL_SHARED_CORES = IdlePoll(0.002, 0.02)
+
+
 class AgentServer(DecisionService):
     """The agent rank's loop: the node's trainers' requests over MPI, answered by a DecisionService."""
 
-    def __init__(self, layout, decider: Decider, log, delay: float = 0.0, run_dir: str = "", contexts=None):
+    def __init__(self, layout, decider: Decider, log, delay: float = 0.0, run_dir: str = "", contexts=None,
+                 poll: IdlePoll = POLL_OWN_CORE):
         super().__init__(decider, log, delay, contexts)
+        self.poll = poll
         self.comm, self.run_dir, self.world_rank = layout.node, run_dir, layout.world.rank
         self.trainers = self.comm.size - 1  # every other rank of the node trains
         self.checkpoints: dict[int, int] = {}  # counter: trainers that reported it
@@ -101,15 +123,15 @@ class AgentServer(DecisionService):
 
     def serve(self) -> int:
         """Answer requests oldest first until every trainer said BYE; returns the decisions made."""
-        waiting, idle = deque(), 0.0005
+        waiting, idle = deque(), self.poll.first
         while len(self.gone) < self.trainers or waiting:
             waiting.extend(self.receive())
             if not waiting:  # idle: leave the core to the node's trainers, polling less and less often
                 self.log.maybe_flush()
                 time.sleep(idle)
-                idle = min(2 * idle, 0.005)
+                idle = self.poll.after(idle)
                 continue
-            idle = 0.0005
+            idle = self.poll.first
             trainer, req = waiting.popleft()
             answer = self.answer(trainer, req)
             self.sends = [r for r in self.sends if not r.Test()] + [self.comm.Isend(answer, dest=trainer, tag=TAG_TO_TRAINER)]
@@ -133,8 +155,8 @@ class CollectiveServer(AgentServer):
     """The agent rank's loop over the collective transport (the module's docstring)."""
 
     def __init__(self, layout, decider: Decider, log, window: int, in_flight: int, delay: float = 0.0,
-                 run_dir: str = "", contexts=None):
-        super().__init__(layout, decider, log, delay, run_dir, contexts)
+                 run_dir: str = "", contexts=None, poll: IdlePoll = POLL_OWN_CORE):
+        super().__init__(layout, decider, log, delay, run_dir, contexts, poll)
         self.window, self.in_flight = window, in_flight
 
     def windows(self) -> range:
@@ -156,7 +178,7 @@ class CollectiveServer(AgentServer):
         windows = self.windows()
         size, rows = self.comm.size, len(DECISION_FIELDS)
         own = np.zeros(MESSAGE_SIZE)  # the agent's own row of each gather (it has no request)
-        posted, gathered, scatters, answered, idle = deque(), [], [], 0, 0.0005
+        posted, gathered, scatters, answered, idle = deque(), [], [], 0, self.poll.first
         while answered < len(windows) or len(self.gone) < self.trainers:
             self.receive()
             while answered + len(gathered) + len(posted) < len(windows) and len(gathered) + len(posted) < self.in_flight:
@@ -168,9 +190,9 @@ class CollectiveServer(AgentServer):
             if not gathered:
                 self.log.maybe_flush()
                 time.sleep(idle)
-                idle = min(2 * idle, 0.005)
+                idle = self.poll.after(idle)
                 continue
-            idle = 0.0005
+            idle = self.poll.first
             requests = [(counter, trainer, dict(zip(REQUEST_FIELDS, buf[trainer, :len(REQUEST_FIELDS)].tolist())))
                         for counter, buf in gathered for trainer in range(self.trainers) if buf[trainer, 0] == REQUEST]
             answers = self.answer_all([(trainer, req) for _, trainer, req in requests])
@@ -208,12 +230,13 @@ def run_agent(cfg, layout, meta) -> int:
     decider = make_decider(cfg, layout.threads_per_rank)
     decider.load_state_dict(decider_state)
     log.flush(decider_build_seconds=time.perf_counter() - t, decider_ready_at=time.time())
+    poll = POLL_SHARED_CORES if layout.shares_cores else POLL_OWN_CORE
     try:
         if cfg.agent.transport == "collective":
             server = CollectiveServer(layout, decider, log, cfg.agent.window, cfg.agent.in_flight, cfg.agent.delay,
-                                      cfg.output.run_dir, contexts)
+                                      cfg.output.run_dir, contexts, poll)
         else:
-            server = AgentServer(layout, decider, log, cfg.agent.delay, cfg.output.run_dir, contexts)
+            server = AgentServer(layout, decider, log, cfg.agent.delay, cfg.output.run_dir, contexts, poll)
         decisions = server.serve()
     except Exception as e:
         log.close("failed", f"{type(e).__name__}: {e}")

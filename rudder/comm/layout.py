@@ -47,6 +47,7 @@ class Layout:
     hostname: str
     cpus: list[int] = field(default_factory=list)  # this rank's CPU affinity after start-up
     mpi_wait: str = "spin"  # how its threads wait for MPI (rudder.comm.waiting): spin or yield
+    shares_cores: bool = True  # a rank of the other role (trainer or agent) on this host may run on its cores
 
     @property
     def trainer_rank(self) -> int:
@@ -59,7 +60,8 @@ class Layout:
                 "node_size": self.node.size, "is_agent": self.is_agent, "trainer_rank": self.trainer_rank,
                 "partition_mode": self.partition_mode, "partition_id": -1 if self.partition_id is None else self.partition_id,
                 "num_parts": self.num_parts, "num_trainers": self.num_trainers,
-                "threads_per_rank": self.threads_per_rank, "cpus": self.cpus, "mpi_wait": self.mpi_wait}
+                "threads_per_rank": self.threads_per_rank, "cpus": self.cpus, "mpi_wait": self.mpi_wait,
+                "shares_cores": self.shares_cores}
 
 
 def cores_available() -> int:
@@ -140,6 +142,10 @@ def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode
     cpus = split_cores(mine, agent_cores, is_agent) if shared else mine
     if cpus != mine:
         os.sched_setaffinity(0, cpus)
+    # Each peer's cores after its own split (the same rule): a rank whose cores no rank of the
+    # other role has (an agent kept apart by --agent-cores or by srun's binding) disturbs no one
+    others = [set(split_cores(p[2], agent_cores, p[1]) if shared else p[2]) for p in on_host if p[1] != is_agent]
+    shares_cores = not cpus or any(not o or o & set(cpus) for o in others)
     if agent_cores and shared:  # share among the ranks of the same kind on this host
         threads = max(1, len(cpus) // sum(p[1] == is_agent for p in on_host))
     else:
@@ -147,4 +153,4 @@ def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode
     if is_agent:  # Split with UNDEFINED hands agents COMM_NULL
         trainers = node_trainers = None
     return Layout(world, node, trainers, node_trainers, node_id, num_nodes, is_agent, partition_mode, partition_id,
-                  num_parts, num_trainers, threads, hostname, cpus, waiting.resolve(mpi_wait, threads))
+                  num_parts, num_trainers, threads, hostname, cpus, waiting.resolve(mpi_wait, threads), shares_cores)
