@@ -12,7 +12,7 @@ tests for answers, and whatever its model takes from the trainers' cores. Target
     python bench/agent.py --latency-only [--decisions 12]   (paper vs structured answers, side by side)
     python bench/agent.py --transports [--policy heuristic] [--repeats 2] [--agent-window 1]
     python bench/agent.py --batched 4 [--decisions 6]   (a pass of N decisions: one batched call vs N calls)
-    python bench/agent.py --window-rounds 6 [--rate 1gbit] [--epochs 6]   (steering the window, steady)
+    python bench/agent.py --window-rounds 6 [--rate 1gbit] [--congestion PROFILE] [--epochs 6]   (steering the window)
 
 ``--transports``: the same run over ``--agent-transport p2p`` (a request and an answer per trainer
 point-to-point) and ``collective`` (an Igather and an Iscatter per window on the node), repeated
@@ -24,8 +24,9 @@ trainers' contexts (the collective transport's pass over a node), alternately on
 trainer and one ``decide_all`` (one batched llama.cpp call, ``BatchedDecoder``), on the same
 contexts; it prints the median seconds per pass of each, their ratio and the fallbacks.
 
-``--window-rounds N``: what steering lookahead's window costs when nothing changes. RMAT-16 on 4
-trainers, each an emulated node, behind one shared ``--rate`` link (``python -m rudder.netem``),
+``--window-rounds N``: what steering lookahead's window costs when nothing changes, or what it
+gains under ``--congestion``. RMAT-16 on 4 trainers, each an emulated node, behind one shared
+``--rate`` link (``python -m rudder.netem``, with the competing flow if given),
 batch 256, fanouts 10,25, f = 0.25; N rounds, each running in turn ``lookahead`` with windows 4
 and 8, ``tuner`` steering the window (0-8, ``--agent-buffer window --lookahead 8``, an agent rank
 per node sharing the trainers' cores), and that run's decisions replayed without an agent
@@ -81,20 +82,22 @@ def pair(parts: str, out: str, n: int, policy: str, flags: list[str]) -> dict:
 RMAT16 = "synthetic:rmat:scale=16,edge_factor=16,feat_dim=128,classes=16,seed=1"
 
 
-def window_rounds(out: str, rounds: int, epochs: int, rate: str) -> None:
+def window_rounds(out: str, rounds: int, epochs: int, rate: str, congestion: str) -> None:
     problem = support_problem()
     if problem is not None:
         print(f"--window-rounds: skipped, no shaped network on this machine: {problem}")
         return
     parts = cached_partition(RMAT16, 4, os.path.join(out, "rmat16-4"), "float32")
-    shaped = [sys.executable, "-m", "rudder.netem", "--rate", rate, "--links", "shared", "--nodes", "4", "--"]
+    shaped = [sys.executable, "-m", "rudder.netem", "--rate", rate, "--links", "shared", "--nodes", "4",
+              *(["--congestion", congestion] if congestion else []), "--"]
     base = ["--epochs", str(epochs), "--batch-size", "256", "--fanouts", "10,25", "--buffer-fraction", "0.25"]
     steered = ["--agent-action", "structured", "--agent-buffer", "window", "--lookahead", "8"]
     settings = {"lookahead-w4": (4, ["--policy", "lookahead", "--lookahead", "4"]),
                 "lookahead-w8": (4, ["--policy", "lookahead", "--lookahead", "8"]),
                 "tuner-window": (8, ["--policy", "tuner", *steered]),
                 "replay": (4, ["--policy", "replay", "--replay", os.path.join(out, "tuner-window"), *steered])}
-    print(f"RMAT-16, 4 trainers each an emulated node, one shared {rate} link, batch 256, f = 0.25, {epochs} epochs, "
+    print(f"RMAT-16, 4 trainers each an emulated node, one shared {rate} link"
+          + (f" with a competing flow {congestion}" if congestion else "") + f", batch 256, f = 0.25, {epochs} epochs, "
           f"{rounds} rounds; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     print(f"{'round':>5} " + " ".join(f"{label:>13}" for label in settings) + " (epoch s)")
     seconds: dict[str, list[float]] = {label: [] for label in settings}
@@ -217,9 +220,11 @@ def main() -> int:
     ap.add_argument("--window-rounds", type=int, default=0, metavar="N",
                     help="only rounds of lookahead windows 4 and 8, the tuner steering the window, and its replay")
     ap.add_argument("--rate", default="1gbit", help="with --window-rounds: the shared link's rate")
+    ap.add_argument("--congestion", default="", metavar="PROFILE",
+                    help="with --window-rounds: a competing flow (python -m rudder.netem --congestion)")
     a = ap.parse_args()
     if a.window_rounds:
-        window_rounds(a.out, a.window_rounds, a.epochs, a.rate)
+        window_rounds(a.out, a.window_rounds, a.epochs, a.rate, a.congestion)
         return 0
     if a.batched:
         print(f"structured llm, SmolLM2-135M-Instruct, 1 thread, prompt v{PROMPT_VERSION}, {a.decisions} passes of "
