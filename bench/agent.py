@@ -29,7 +29,8 @@ gains under ``--congestion``. RMAT-16 on 4 trainers, each an emulated node, behi
 ``--rate`` link (``python -m rudder.netem``, with the competing flow if given),
 batch 256, fanouts 10,25, f = 0.25; N rounds, each running in turn ``lookahead`` with windows 4
 and 8, ``tuner`` steering the window (0-8, ``--agent-buffer window --lookahead 8``, an agent rank
-per node sharing the trainers' cores), and that run's decisions replayed without an agent
+per node sharing the trainers' cores, a request every ``--agent-window`` minibatches), and that
+run's decisions replayed without an agent
 (``--policy replay``). Prints each round's epoch seconds (median over epochs, slowest trainer),
 and per setting the median over rounds of its epoch over the round's window-4 run, and the
 steered run over its replay (the agent's presence).
@@ -82,7 +83,7 @@ def pair(parts: str, out: str, n: int, policy: str, flags: list[str]) -> dict:
 RMAT16 = "synthetic:rmat:scale=16,edge_factor=16,feat_dim=128,classes=16,seed=1"
 
 
-def window_rounds(out: str, rounds: int, epochs: int, rate: str, congestion: str) -> None:
+def window_rounds(out: str, rounds: int, epochs: int, rate: str, congestion: str, agent_window: int) -> None:
     problem = support_problem()
     if problem is not None:
         print(f"--window-rounds: skipped, no shaped network on this machine: {problem}")
@@ -91,13 +92,15 @@ def window_rounds(out: str, rounds: int, epochs: int, rate: str, congestion: str
     shaped = [sys.executable, "-m", "rudder.netem", "--rate", rate, "--links", "shared", "--nodes", "4",
               *(["--congestion", congestion] if congestion else []), "--"]
     base = ["--epochs", str(epochs), "--batch-size", "256", "--fanouts", "10,25", "--buffer-fraction", "0.25"]
-    steered = ["--agent-action", "structured", "--agent-buffer", "window", "--lookahead", "8"]
+    steered = ["--agent-action", "structured", "--agent-buffer", "window", "--lookahead", "8",
+               "--agent-window", str(agent_window)]
     settings = {"lookahead-w4": (4, ["--policy", "lookahead", "--lookahead", "4"]),
                 "lookahead-w8": (4, ["--policy", "lookahead", "--lookahead", "8"]),
                 "tuner-window": (8, ["--policy", "tuner", *steered]),
                 "replay": (4, ["--policy", "replay", "--replay", os.path.join(out, "tuner-window"), *steered])}
     print(f"RMAT-16, 4 trainers each an emulated node, one shared {rate} link"
           + (f" with a competing flow {congestion}" if congestion else "") + f", batch 256, f = 0.25, {epochs} epochs, "
+          f"--agent-window {agent_window}, "
           f"{rounds} rounds; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     print(f"{'round':>5} " + " ".join(f"{label:>13}" for label in settings) + " (epoch s)")
     seconds: dict[str, list[float]] = {label: [] for label in settings}
@@ -224,7 +227,7 @@ def main() -> int:
                     help="with --window-rounds: a competing flow (python -m rudder.netem --congestion)")
     a = ap.parse_args()
     if a.window_rounds:
-        window_rounds(a.out, a.window_rounds, a.epochs, a.rate, a.congestion)
+        window_rounds(a.out, a.window_rounds, a.epochs, a.rate, a.congestion, a.agent_window)
         return 0
     if a.batched:
         print(f"structured llm, SmolLM2-135M-Instruct, 1 thread, prompt v{PROMPT_VERSION}, {a.decisions} passes of "
