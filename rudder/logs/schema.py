@@ -82,6 +82,8 @@ MINIBATCH_ROW = table(
     ("loss", "f4", "this trainer's mean loss (NaN for an empty minibatch)"),
     ("global_loss", "f4", "mean loss over all trainers' seeds"),
 )
+# The threads' CPU seconds of the minibatch timers (NaN in logs from before them).
+CPU_TIMERS = ("cpu_sample", "cpu_fetch", "cpu_copy", "cpu_compute")
 EPOCH_ROW = table(
     "epochs",
     ("epoch", "i4", "the epoch (0-based)"),
@@ -93,7 +95,7 @@ EPOCH_ROW = table(
                                                           "t_forward_backward", "t_allreduce", "t_grad_copy",
                                                           "t_update")],
     *[(c, "f8", f"sum of the minibatches' {c} (NaN in logs from before the threads' CPU columns)")
-      for c in ("cpu_sample", "cpu_fetch", "cpu_copy", "cpu_compute")],
+      for c in CPU_TIMERS],
     *[(c, "i8", f"sum of the minibatches' {c}") for c in ("input_nodes", "input_remote", "bytes_rma", "hits", "misses",
                                                           "refills", "comm_volume")],
     ("loss", "f4", "mean of the minibatches' global loss"),
@@ -102,8 +104,6 @@ EPOCH_ROW = table(
     ("eval_seconds", "f8", "seconds of the evaluation"),
     ("param_digest", "i8", "digest of the parameters, equal on every trainer: the replicas agree"),
 )
-# The threads' CPU seconds of the minibatch timers (NaN in logs from before them).
-CPU_TIMERS = ("cpu_sample", "cpu_fetch", "cpu_copy", "cpu_compute")
 # Minibatch timers summed into the epoch row.
 EPOCH_TIMERS = ("t_sample", "t_fetch", "t_copy", "t_rma", "t_wait", "t_forward_backward", "t_allreduce", "t_grad_copy",
                 "t_update")

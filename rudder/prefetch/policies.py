@@ -62,7 +62,7 @@ class Policy:
     lookahead = 0  # minibatches the sampler must run ahead
     needs_agent = False  # an agent rank per node serves this policy's decisions
     # The options (flat names) that change the CPU its buffer costs a minibatch: a simulator profile
-    # keeps a buffer's CPU per policy and these settings (``rudder.sim.machine.buffer_work``).
+    # keeps a buffer's CPU per policy and these settings (``rudder.sim.simulate.buffer_work``).
     work_settings: tuple[str, ...] = ("buffer_fraction", "buffer_scope", "buffer_sharing", "buffer_split")
 
     def __init__(self, cfg):

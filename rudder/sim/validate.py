@@ -127,7 +127,8 @@ def compare_epoch_time(run, cfg: TrainConfig, result: dict, machine) -> dict:
     sync = timing.allreduce_seconds(result["params"], parts, machine)
     waiting = run.ranks[0].layout.get("mpi_wait", "spin")  # runs before --mpi-wait spun
     predicted = timing.modelled_epoch(machine, sampled, fetched, result["feat_dim"], cfg.sampling.prefetch_depth, sync,
-                                      sampled[0].epoch, cfg.training.epochs, background, waiting, cfg.buffer.policy)
+                                      sampled[0].epoch, cfg.training.epochs, background, waiting,
+                                      result["buffer_work"][cfg.buffer.policy])
     measured = metrics.run_epoch_time(tables)
     guess = metrics.epoch_time([predicted["per_epoch"][e] for e in timed])
     slowest = metrics.slowest_seconds(tables, timed)
