@@ -154,6 +154,19 @@ def test_pass_at_1_and_its_interval_by_hand():
     assert full["high"] == 1.0 and 0.5 < full["low"] < 1.0  # not empty at all correct, as p +- 1.96 sqrt(p(1-p)/n) is
 
 
+def test_the_epoch_time_by_hand():
+    """The median of the timed epochs; with phases (--shift), the median within each phase weighted
+    by its epochs, so a short phase counts as it ran instead of the longest phase alone."""
+    from rudder.logs.metrics import epoch_time
+
+    seconds = [10.0, 9.0, 30.0, 2.0, 2.2, 2.1, 2.0]
+    assert epoch_time(seconds) == 2.2
+    assert epoch_time(seconds, [0, 0, 0, 1, 1, 1, 1]) == pytest.approx((3 * 10.0 + 4 * 2.05) / 7)  # not the mean, 8.19
+    assert epoch_time(seconds, [0] * 7) == epoch_time(seconds) and epoch_time([]) is None
+    with pytest.raises(ValueError, match="7 epochs' seconds against 6 phases"):
+        epoch_time(seconds, [0] * 6)
+
+
 def test_table_json_and_plots(runs, tmp_path):
     from rudder.analysis.report import SCHEMA
 

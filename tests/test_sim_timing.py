@@ -30,6 +30,12 @@ def test_serial_steps_add_up_and_overlapped_steps_take_the_longer_side():
     end = timing.pipeline_end(np.array([[1.0, 1, 1, 1, 1]]), np.array([[10.0, 0, 0, 0, 0]]), np.zeros(5), 1)
     assert end.tolist() == [11, 11, 11, 12, 13]  # minibatches 1 and 2 were prepared during step 0; 3 was not
     assert timing.epoch_seconds(np.array([3.0, 6, 9, 12]), np.array([0, 0, 1, 1]), [0, 1]) == [6, 6]
+    # the modelled epoch time is the logs' (rudder.logs.metrics): with phases, each phase's median weighted
+    costs = {"prepare": np.ones((1, 6)), "train": np.array([[4.0, 4, 4, 1, 1, 1]]), "comm": np.zeros((1, 6))}
+    epoch_of = np.repeat(np.arange(6), 1)  # a step an epoch: epochs 1-2 of 4 s, 3-5 of 1 s (timed: 1-5)
+    assert timing.epoch_time(costs, 0.0, 0, epoch_of, 6)["seconds"] == 2.0  # the middle of 5, 5, 2, 2, 2
+    assert timing.epoch_time(costs, 0.0, 0, epoch_of, 6, np.array([0, 0, 0, 1, 1, 1]))["seconds"] == \
+        pytest.approx((2 * 5 + 3 * 2) / 5)
 
 
 def test_a_shared_link_is_divided_in_time_between_the_fetches_on_it():

@@ -4,6 +4,7 @@ of the tiny grid), its validator catches a log that differs, and its CLI reports
 modelled times for any partition count."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -136,6 +137,7 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     from rudder.netem.namespaces import support_problem
     from rudder.sim.calibration import fit_cpu
     from rudder.sim.machine import Machine, save_profile
+    from rudder.sim.validate import validate_run
     from rudder.train.config import ConfigError
 
     flags = ("--epochs", "3", "--batch-size", "16", "--seed", "1", "--eval-every", "0", "--progress", "none")
@@ -203,6 +205,20 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     assert e["measured_train_slowdown"] == pytest.approx(
         (compute["t_forward_backward"].sum() + compute["t_update"].sum()) / timed["cpu_compute"].sum())
     assert e["measured_train_slowdown"] >= 1.0 - 1e-3 and "training threads' compute" in ok.stdout
+
+    # a buffered run is predicted with its own settings' buffer CPU where the profile has it, else
+    # with its policy's pooled figures, and never with another setting's
+    def predicted(buffer_cpu: dict) -> float:
+        path = str(tmp_path / "buffered-profile.json")
+        save_profile(path, [dataclasses.replace(machines[0], buffer_cpu=buffer_cpu)])
+        return validate_run(buffered[5], machine_name=path)["epoch_time"]["predicted"]
+
+    added = [0.05, 0.0]  # seconds a minibatch, none an input node
+    bare = predicted({})
+    own = predicted({work[5]: added, "fixed": [0.0, 0.0]})
+    assert own > bare + 0.5 * added[0] * len(timed) / 2 / 2  # its minibatches an epoch, most of them on its path
+    assert predicted({work[2]: [0.0, 0.0], "fixed": added}) == pytest.approx(own)
+    assert predicted({work[2]: added, "fixed": [0.0, 0.0]}) == pytest.approx(bare)
 
     if support_problem() is not None:
         pytest.skip(f"no shaped network on this machine: {support_problem()}")

@@ -9,6 +9,7 @@ stored size."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import BUNDLED_CORA, read_logs, run_train, shared_dataset
 
 RUNS = [("none", ["--no-overlap", "--mpi-wait", "yield"]), ("none", []), ("static", []), ("fixed", ["--delta", "2"]),
@@ -246,3 +247,10 @@ def test_a_shift_mid_run_on_cora(tmp_path):
         assert after.mean() < 0.8 * before.mean()  # 3,3 neighbours reach fewer nodes than 10,25
         steps.append(ep["steps"].tolist())
     assert all(s == steps[0] for s in steps) and steps[0][2] < steps[0][0]  # equal on all; half the seeds, fewer steps
+    # the epoch time: the median within each phase, weighted by the phase's timed epochs (1; 2 and 3)
+    from rudder.analysis.summary import summarize
+    from rudder.logs.reader import load_run
+
+    slowest = np.max([log["epochs"]["seconds"] for log in logs if log["role"] == "trainer"], axis=0)
+    by_hand = (slowest[1] + 2 * np.median(slowest[2:])) / 3
+    assert summarize(load_run(str(tmp_path / "run0")))["epochs"]["median_seconds"] == pytest.approx(by_hand)

@@ -4,7 +4,8 @@ row is read through shared memory and nothing waits for a wire) and the bytes it
 the shaped rate.
 
 The bytes are the RMA bytes its trainers logged (feature rows at their stored size plus sampling's
-remote CSR, ``bytes_rma + adjacency_bytes_rma``), per timed epoch like the epoch time itself. The
+remote CSR, ``bytes_rma + adjacency_bytes_rma``), per timed epoch like the epoch time itself, and
+the floor is the larger of the two per epoch, over the epochs as the epoch time is. The
 byte counter of the shaping (``netem.json``'s ``crossed_bytes``) is not used: it counts the whole
 job (start-up, the warm-up epoch, evaluation), so it cannot be split into epochs, and it adds what
 is not the run's choice to move (TCP/IP and OFI headers, the gradient Allreduce). The report shows
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
 from rudder.logs import metrics
 from rudder.logs.reader import load_run
 
@@ -24,13 +27,12 @@ def rma_bytes(rows):
     return rows["bytes_rma"] + rows["adjacency_bytes_rma"]
 
 
-def wire_bytes_per_epoch(run, links: str) -> float:
-    """RMA bytes per timed epoch the wire had to carry in ``run`` (``load_run``'s): every
+def wire_bytes(run, links: str, epochs: list[int]) -> np.ndarray:
+    """RMA bytes the wire had to carry in ``run`` (``load_run``'s), per epoch of ``epochs``: every
     trainer's on the shared link (one link carries them all), the most one trainer fetched on
     per-node links (its node's port carries that at the rate; every trainer is a node of its own)."""
-    epochs = metrics.timed_epochs(metrics.complete_epochs([r.epochs for r in run.ranks]))
-    fetched = [metrics.per_epoch_mean([r.minibatches], rma_bytes, epochs) or 0.0 for r in run.ranks]
-    return sum(fetched) if links == "shared" else max(fetched)
+    fetched = np.array([metrics.per_epoch([r.minibatches], rma_bytes, epochs) for r in run.ranks])
+    return fetched.sum(axis=0) if links == "shared" else fetched.max(axis=0)
 
 
 def counted_over_logged(run_dir: str, run) -> float | None:
@@ -45,12 +47,23 @@ def counted_over_logged(run_dir: str, run) -> float | None:
 
 def floor(run_dir: str, compute_only_dir: str, links: str) -> dict:
     """The floor of the shaped run at ``run_dir`` (its rate from its ``netem.json``) and its parts;
-    ``compute_only_dir``: the same run unshaped, on one node."""
+    ``compute_only_dir``: the same run unshaped, on one node. Per timed epoch the larger of the
+    two, then taken over the epochs as the epoch time is (``rudder.logs.metrics.epoch_time``): a
+    run whose every epoch is at least its floor is at least its floor, also where the epochs
+    differ (a ``--shift``). An epoch the compute-only run did not complete counts its wire alone."""
     rate_bit = json.load(open(os.path.join(run_dir, "netem.json")))["rate_bit"]
-    compute = metrics.run_epoch_time([r.epochs for r in load_run(compute_only_dir).ranks])
     run = load_run(run_dir)
-    wire = wire_bytes_per_epoch(run, links)
+    tables = [r.epochs for r in run.ranks]
+    epochs = metrics.timed_epochs(metrics.complete_epochs(tables))
+    phases = metrics.epoch_phases(tables, epochs) if epochs else None
+    alone = [r.epochs for r in load_run(compute_only_dir).ranks]
+    done = set(metrics.complete_epochs(alone))
+    compute = np.array([metrics.slowest_seconds(alone, [e])[0] if e in done else 0.0 for e in epochs])
+    wire = wire_bytes(run, links, epochs)
     bandwidth = 8 * wire / rate_bit
-    return {"compute_only_run": os.path.abspath(compute_only_dir), "compute_seconds": compute,
-            "wire_bytes_per_epoch": wire, "rate_bit": rate_bit, "bandwidth_seconds": bandwidth,
-            "seconds": max(compute or 0.0, bandwidth), "counted_over_logged": counted_over_logged(run_dir, run)}
+    return {"compute_only_run": os.path.abspath(compute_only_dir), "epochs": epochs,
+            "compute_seconds": metrics.epoch_time(compute, phases),
+            "wire_bytes_per_epoch": metrics.epoch_time(wire, phases), "rate_bit": rate_bit,
+            "bandwidth_seconds": metrics.epoch_time(bandwidth, phases),
+            "seconds": metrics.epoch_time(np.maximum(compute, bandwidth), phases),
+            "counted_over_logged": counted_over_logged(run_dir, run)}

@@ -68,7 +68,7 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
         "ranks_read": len(ranks),
         "epochs": {"count": len(complete), "train_seconds": float(all_seconds.sum()),
                    "mean_seconds": float(seconds.mean()) if seconds.size else None,
-                   "median_seconds": metrics.epoch_time(seconds)},
+                   "median_seconds": metrics.epoch_time(seconds, metrics.epoch_phases(epoch_tables, timed))},
         "time_breakdown": {**{t: (lambda v: None if v is None else v / len(ranks))(per_epoch(t)) for t in TIMERS},
                            "agent": agent_seconds(run, len(complete))},
         "cpu": cpu_figures(minibatch_tables, timed, len(ranks)),

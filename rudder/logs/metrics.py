@@ -4,7 +4,9 @@ The trainer's end-of-run summary, ``rudder.analyze``, the evaluation harness and
 all compute their figures with these functions, so a number means the same wherever it appears:
 
 * **epoch time**: per epoch the slowest trainer's ``seconds``; the figure is the median over the
-  timed epochs, which are epochs 2..E (the first warms up), or the only one;
+  timed epochs, which are epochs 2..E (the first warms up), or the only one. A run with phases
+  (``--shift``) takes the median within each phase, weighted by the phase's timed epochs: one
+  median across phases would be the longest phase's alone;
 * **remote rows fetched**: remote input rows the buffer did not hold, plus the rows refills
   brought in: ``input_remote - hits + refills`` (every remote feature row that crossed to a trainer);
 * **communication volume** (the paper's): cacheable misses plus refills, ``misses + refills``;
@@ -70,15 +72,32 @@ def slowest_seconds(epoch_tables: list[np.ndarray], epochs: list[int]) -> np.nda
     return np.array([max(float(t["seconds"][t["epoch"] == e][0]) for t in epoch_tables) for e in epochs])
 
 
-def epoch_time(seconds) -> float | None:
-    """THE epoch time: the median of per-epoch (slowest-trainer) seconds over the timed epochs."""
+def epoch_time(seconds, phases=None) -> float | None:
+    """THE epoch time: the median of per-epoch (slowest-trainer) seconds over the timed epochs;
+    with ``phases`` (each of those epochs' phase), the median within each phase, weighted by the
+    phase's epochs."""
     seconds = np.asarray(seconds, dtype=np.float64)
-    return float(np.median(seconds)) if seconds.size else None
+    if not seconds.size:
+        return None
+    if phases is None:
+        return float(np.median(seconds))
+    phases = np.asarray(phases)
+    if phases.shape != seconds.shape:
+        raise ValueError(f"epoch_time: {seconds.size} epochs' seconds against {phases.size} phases")
+    return float(sum(np.median(seconds[phases == p]) * np.count_nonzero(phases == p) for p in np.unique(phases))
+                 / seconds.size)
+
+
+def epoch_phases(epoch_tables: list[np.ndarray], epochs: list[int]) -> np.ndarray:
+    """Per epoch, the run's phase in it (every trainer has the same)."""
+    table = epoch_tables[0]
+    return np.array([int(table["phase"][table["epoch"] == e][0]) for e in epochs], dtype=np.int64)
 
 
 def run_epoch_time(epoch_tables: list[np.ndarray]) -> float | None:
     """The epoch time of a run from its trainers' epoch rows."""
-    return epoch_time(slowest_seconds(epoch_tables, timed_epochs(complete_epochs(epoch_tables))))
+    epochs = timed_epochs(complete_epochs(epoch_tables))
+    return epoch_time(slowest_seconds(epoch_tables, epochs), epoch_phases(epoch_tables, epochs) if epochs else None)
 
 
 def per_epoch(tables: list[np.ndarray], column, epochs: list[int]) -> np.ndarray:

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
             print(f"{sim['validate']}: {report['compared']} minibatches compared, {verdict} ({time.time() - t:.1f} s)")
             if "epoch_time" in report:
                 e = report["epoch_time"]
-                print(f"epoch time (median of epochs {', '.join(str(x + 1) for x in e['epochs'])}): measured "
+                print(f"epoch time (epochs {', '.join(str(x + 1) for x in e['epochs'])}, rudder.logs.metrics): measured "
                       f"{e['measured']:.3f} s, predicted {e['predicted']:.3f} s on {e['machine']}, predicted/measured "
                       f"{e['ratio']:.3f}")
                 if e["measured_train_slowdown"] is not None:  # a log with its threads' CPU seconds

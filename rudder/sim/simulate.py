@@ -212,7 +212,8 @@ def simulate(cfg: TrainConfig, policies: dict[str, dict], machine: Machine | Non
     phases = run_phases(cfg, _GRAPH)
     steps, batch = phases.phases[0].steps_per_epoch, phases.phases[0].batch_size
     params = sum(2 * a * b + b for a, b in zip(widths[:-1], widths[1:]))
-    return {"steps_per_epoch": steps, "batch_size": batch, "phases": phases.describe(), "parts": meta.num_parts,
+    return {"steps_per_epoch": steps, "batch_size": batch, "phases": phases.describe(), "epoch_phases": phases.index_of,
+            "parts": meta.num_parts,
             "params": params, "feat_dim": dim,
             "sampled": {p: r[0] for p, r in sorted(results.items())},
             "policies": {label: {p: r[1][label] for p, r in sorted(results.items())} for label in policies},
@@ -241,7 +242,8 @@ def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1
                "replacements": int(cols["replaced"].sum()), "decisions": int(sum(f["decisions"] for f in fetched))}
         if machine is not None:
             serial, overlapped = (timing.modelled_epoch(machine, sampled, fetched, result["feat_dim"], d, sync, epoch_of,
-                                                        epochs, waiting=waiting, buffer_work=result["buffer_work"][label])
+                                                        epochs, waiting=waiting, buffer_work=result["buffer_work"][label],
+                                                        phases=result["epoch_phases"])
                                    for d in (0, max(1, depth)))
             row["epoch_seconds"] = serial["seconds"]
             row["epoch_seconds_overlap"] = overlapped["seconds"]

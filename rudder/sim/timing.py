@@ -251,7 +251,8 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
     return costs
 
 
-def epoch_time(costs: dict, sync: float, depth: int, epoch_of: np.ndarray, epochs: int) -> dict:
+def epoch_time(costs: dict, sync: float, depth: int, epoch_of: np.ndarray, epochs: int,
+               phases: np.ndarray | None = None) -> dict:
     """The modelled epoch time (``rudder.logs.metrics``' definition) at a pipeline depth, and
     the share of its steps the slowest trainer spent reading remote data."""
     timed = metrics.timed_epochs(list(range(epochs)))
@@ -265,7 +266,8 @@ def epoch_time(costs: dict, sync: float, depth: int, epoch_of: np.ndarray, epoch
     per_epoch = epoch_seconds(end, epoch_of, list(range(epochs)))
     later = np.isin(epoch_of, timed)
     span = float(np.diff(np.concatenate([[0.0], end]))[later].sum())
-    return {"seconds": metrics.epoch_time([per_epoch[e] for e in timed]), "per_epoch": per_epoch,
+    return {"seconds": metrics.epoch_time([per_epoch[e] for e in timed], None if phases is None else np.asarray(phases)[timed]),
+            "per_epoch": per_epoch,
             "comm_share": float(comm.max(axis=0)[later].sum() / max(1e-12, span)), "comm_seconds": float(comm.sum())}
 
 
@@ -275,7 +277,7 @@ SETTLED = 1e-3  # a slowdown that moved less than this between passes has settle
 
 def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, depth: int, sync: float,
                    epoch_of: np.ndarray, epochs: int, background: float | None = None, waiting: str = "spin",
-                   buffer_work: str = "") -> dict:
+                   buffer_work: str = "", phases: np.ndarray | None = None) -> dict:
     """``epoch_time`` of a policy's ``step_costs``, with the cores shared as ``waiting`` (a resolved
     ``--mpi-wait``) shares them, and the ``slowdown`` it came to. Spinning, every thread is always
     runnable (``contention``); yielding, only busy ones are (``yielding_slowdown``), and each
@@ -283,12 +285,12 @@ def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int
     byte of the cores busy either way. The busy shares and the seconds spent waiting depend on
     how long the epoch takes, which depends on the slowdown: from spinning's slowdown without the
     bytes' CPU, each pass sets the slowdown from the epoch modelled with the last one, until it
-    settles. ``buffer_work``: as ``step_costs`` takes it."""
+    settles. ``buffer_work``: as ``step_costs`` takes it; ``phases``: each epoch's phase (``--shift``)."""
     background = m.background if background is None else background
     slowdown = contention(m, len(sampled), depth, background)
     for _ in range(MAX_PASSES):
         costs = step_costs(m, sampled, fetched, feat_dim, depth, background, slowdown, buffer_work)
-        out = epoch_time(costs, sync, depth, epoch_of, epochs)
+        out = epoch_time(costs, sync, depth, epoch_of, epochs, phases)
         if not m.cores:
             break
         n, span, work = len(sampled), max(1e-12, sum(out["per_epoch"])), costs["work"]

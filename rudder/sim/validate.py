@@ -128,9 +128,9 @@ def compare_epoch_time(run, cfg: TrainConfig, result: dict, machine) -> dict:
     waiting = run.ranks[0].layout.get("mpi_wait", "spin")  # runs before --mpi-wait spun
     predicted = timing.modelled_epoch(machine, sampled, fetched, result["feat_dim"], cfg.sampling.prefetch_depth, sync,
                                       sampled[0].epoch, cfg.training.epochs, background, waiting,
-                                      result["buffer_work"][cfg.buffer.policy])
+                                      result["buffer_work"][cfg.buffer.policy], result["epoch_phases"])
     measured = metrics.run_epoch_time(tables)
-    guess = metrics.epoch_time([predicted["per_epoch"][e] for e in timed])
+    guess = metrics.epoch_time([predicted["per_epoch"][e] for e in timed], metrics.epoch_phases(tables, timed))
     slowest = metrics.slowest_seconds(tables, timed)
     waited = max(metrics.per_epoch([r.minibatches], "t_wait", timed).sum() for r in run.ranks)
     # the training threads' compute: wall over CPU seconds, what the model's train slowdown stands for

@@ -63,7 +63,7 @@ def run_summary(per_epoch: list[np.ndarray], stopped: bool, *, trainers: int, st
     last = [t[t["epoch"] == complete[-1]][0] for t in tables] if complete else []
     return {"epochs": len(complete), "stopped": stopped, "trainers": trainers, "steps_per_epoch": steps_per_epoch,
             "batch_size": batch_size, "train_seconds": float(sum(e["seconds"].max() for e in per_epoch)),
-            "epoch_seconds": metrics.epoch_time(seconds) or float("nan"),
+            "epoch_seconds": metrics.epoch_time(seconds, metrics.epoch_phases(tables, timed)) or float("nan"),
             "epoch_seconds_mean": float(seconds.mean()) if seconds.size else float("nan"),
             "share_fetch": share("t_fetch"), "share_rma": share("t_rma"), "share_wait": share("t_wait"),
             "input_remote_per_epoch": per_epoch_mean("input_remote"),
