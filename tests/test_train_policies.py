@@ -253,4 +253,11 @@ def test_a_shift_mid_run_on_cora(tmp_path):
 
     slowest = np.max([log["epochs"]["seconds"] for log in logs if log["role"] == "trainer"], axis=0)
     by_hand = (slowest[1] + 2 * np.median(slowest[2:])) / 3
-    assert summarize(load_run(str(tmp_path / "run0")))["epochs"]["median_seconds"] == pytest.approx(by_hand)
+    epochs = summarize(load_run(str(tmp_path / "run0")))["epochs"]
+    assert epochs["median_seconds"] == pytest.approx(by_hand)
+    fetched = [sum(int((t["input_remote"] - t["hits"] + t["refills"])[t["epoch"] == e].sum())
+                   for t in (log["minibatches"] for log in logs)) for e in range(4)]
+    assert epochs["by_phase"] == [
+        {"phase": 0, "epochs": [1], "median_seconds": pytest.approx(slowest[1]), "remote_rows_fetched_per_epoch": fetched[1]},
+        {"phase": 1, "epochs": [2, 3], "median_seconds": pytest.approx(np.median(slowest[2:])),
+         "remote_rows_fetched_per_epoch": pytest.approx(np.mean(fetched[2:]))}]

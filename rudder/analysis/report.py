@@ -106,7 +106,8 @@ def table(summaries: list[dict], baseline: dict | None) -> str:
 # The JSON document: {"runs": [summary, ...], "baseline": RUN or null}; a summary's keys:
 SCHEMA = {
     "run": str, "status": str, "warnings": list, "config": dict, "layout": dict, "ranks_read": int,
-    "epochs": {"count": int, "train_seconds": float, "mean_seconds": (float, None), "median_seconds": (float, None)},
+    "epochs": {"count": int, "train_seconds": float, "mean_seconds": (float, None), "median_seconds": (float, None),
+               "by_phase": list},
     "time_breakdown": {**{t: (float, None) for t in TIMERS}, "agent": (float, None)},
     "cpu": {**{c: (float, None) for c in CPU_OF_WALL}, **{f"{c}_of_wall": (float, None) for c in CPU_OF_WALL}},
     "accuracy": {"val": (float, None), "test": (float, None)},

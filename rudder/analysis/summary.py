@@ -40,6 +40,12 @@ def cpu_figures(tables: list[np.ndarray], epochs: list[int], trainers: int) -> d
     return out
 
 
+def phase_figures(minibatch_tables: list[np.ndarray], phase: int, epochs: list[int], seconds: np.ndarray) -> dict:
+    """One phase of a run (``--shift``) over its timed ``epochs``: its epoch time and remote rows fetched per epoch."""
+    return {"phase": phase, "epochs": epochs, "median_seconds": metrics.epoch_time(seconds),
+            "remote_rows_fetched_per_epoch": metrics.per_epoch_mean(minibatch_tables, metrics.remote_rows_fetched, epochs)}
+
+
 def summarize(run: Run, data_dir: str | None = None) -> dict:
     """One run's figures (one dict, JSON-ready; its keys: ``rudder.analysis.report.SCHEMA``)."""
     cfg, ranks = run.config, run.ranks
@@ -49,6 +55,7 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
     timed = metrics.timed_epochs(complete)
     all_seconds = metrics.slowest_seconds(epoch_tables, complete)
     seconds = metrics.slowest_seconds(epoch_tables, timed)
+    phases = metrics.epoch_phases(epoch_tables, timed)
 
     def per_epoch(column) -> float | None:
         return metrics.per_epoch_mean(minibatch_tables, column, timed)
@@ -68,7 +75,9 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
         "ranks_read": len(ranks),
         "epochs": {"count": len(complete), "train_seconds": float(all_seconds.sum()),
                    "mean_seconds": float(seconds.mean()) if seconds.size else None,
-                   "median_seconds": metrics.epoch_time(seconds, metrics.epoch_phases(epoch_tables, timed))},
+                   "median_seconds": metrics.epoch_time(seconds, phases),
+                   "by_phase": [phase_figures(minibatch_tables, int(p), [e for e, q in zip(timed, phases) if q == p],
+                                              seconds[phases == p]) for p in np.unique(phases)]},
         "time_breakdown": {**{t: (lambda v: None if v is None else v / len(ranks))(per_epoch(t)) for t in TIMERS},
                            "agent": agent_seconds(run, len(complete))},
         "cpu": cpu_figures(minibatch_tables, timed, len(ranks)),
