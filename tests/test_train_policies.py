@@ -8,6 +8,8 @@ also bit-identical to the no-buffer run on float32 storage, each feature row log
 stored size."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from conftest import BUNDLED_CORA, read_logs, run_train, shared_dataset
@@ -248,6 +250,7 @@ def test_a_shift_mid_run_on_cora(tmp_path):
         steps.append(ep["steps"].tolist())
     assert all(s == steps[0] for s in steps) and steps[0][2] < steps[0][0]  # equal on all; half the seeds, fewer steps
     # the epoch time: the median within each phase, weighted by the phase's timed epochs (1; 2 and 3)
+    from rudder.analysis.report import table
     from rudder.analysis.summary import summarize
     from rudder.logs.reader import load_run
 
@@ -261,3 +264,7 @@ def test_a_shift_mid_run_on_cora(tmp_path):
         {"phase": 0, "epochs": [1], "median_seconds": pytest.approx(slowest[1]), "remote_rows_fetched_per_epoch": fetched[1]},
         {"phase": 1, "epochs": [2, 3], "median_seconds": pytest.approx(np.median(slowest[2:])),
          "remote_rows_fetched_per_epoch": pytest.approx(np.mean(fetched[2:]))}]
+    shown = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1)  # the figure, then its value
+                 for line in table([summarize(load_run(str(tmp_path / "run0")))], None).splitlines())
+    assert shown["phase 1 epoch time s"] == f"{np.median(slowest[2:]):.3f}", shown
+    assert shown["phase 0 remote rows fetched/epoch"] == f"{fetched[1]:,}", shown

@@ -13,7 +13,7 @@ FIGURES = [  # (label, path into the summary, format[, scale]); text figures get
     ("epochs", ("epochs", "count"), "{} "),
     ("training time s", ("epochs", "train_seconds"), "{:.3f}"),
     ("epoch mean s", ("epochs", "mean_seconds"), "{:.3f}"),
-    ("epoch median s", ("epochs", "median_seconds"), "{:.3f}"),
+    ("epoch time s", ("epochs", "median_seconds"), "{:.3f}"),
     ("sample s/epoch", ("time_breakdown", "t_sample"), "{:.3f}"),
     ("fetch s/epoch", ("time_breakdown", "t_fetch"), "{:.3f}"),
     ("copy s/epoch", ("time_breakdown", "t_copy"), "{:.3f}"),
@@ -69,16 +69,31 @@ FIGURES = [  # (label, path into the summary, format[, scale]); text figures get
 
 def get(summary: dict, path):
     for key in path:
-        if not isinstance(summary, dict):
+        if isinstance(summary, list):  # ``by_phase``: the entry of phase ``key``
+            summary = next((entry for entry in summary if entry["phase"] == key), None)
+        elif isinstance(summary, dict):
+            summary = summary.get(key)
+        else:
             return None
-        summary = summary.get(key)
     return summary
+
+
+def figures(summaries: list[dict]) -> list:
+    """FIGURES, and after the epoch time each phase's epoch time and rows where a run has phases (``--shift``)."""
+    phases = sorted({entry["phase"] for s in summaries for entry in get(s, ("epochs", "by_phase")) or []})
+    if len(phases) < 2:
+        return FIGURES
+    at = 1 + [path for _, path, *_ in FIGURES].index(("epochs", "median_seconds"))
+    per_phase = [figure for p in phases for figure in (
+        (f"phase {p} epoch time s", ("epochs", "by_phase", p, "median_seconds"), "{:.3f}"),
+        (f"phase {p} remote rows fetched/epoch", ("epochs", "by_phase", p, "remote_rows_fetched_per_epoch"), "{:,.0f}"))]
+    return FIGURES[:at] + per_phase + FIGURES[at:]
 
 
 def table(summaries: list[dict], baseline: dict | None) -> str:
     names = [os.path.basename(s["run"].rstrip("/")) or s["run"] for s in summaries]
     rows = [["figure", *names]]
-    for label, path, fmt, *scale in FIGURES:
+    for label, path, fmt, *scale in figures(summaries):
         cells = []
         for s in summaries:
             v = get(s, path)
