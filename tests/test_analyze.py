@@ -157,12 +157,13 @@ def test_pass_at_1_and_its_interval_by_hand():
 def test_the_epoch_time_by_hand():
     """The median of the timed epochs; with phases (--shift), the median within each phase weighted
     by its epochs, so a short phase counts as it ran instead of the longest phase alone."""
-    from rudder.logs.metrics import epoch_time
+    from rudder.logs.metrics import epoch_phases, epoch_time
 
     seconds = [10.0, 9.0, 30.0, 2.0, 2.2, 2.1, 2.0]
     assert epoch_time(seconds) == 2.2
     assert epoch_time(seconds, [0, 0, 0, 1, 1, 1, 1]) == pytest.approx((3 * 10.0 + 4 * 2.05) / 7)  # not the mean, 8.19
     assert epoch_time(seconds, [0] * 7) == epoch_time(seconds) and epoch_time([]) is None
+    assert epoch_time([], epoch_phases([], [])) is None  # a run stopped before its first epoch has no rows
     with pytest.raises(ValueError, match="7 epochs' seconds against 6 phases"):
         epoch_time(seconds, [0] * 6)
 

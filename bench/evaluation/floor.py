@@ -55,7 +55,7 @@ def floor(run_dir: str, compute_only_dir: str, links: str) -> dict:
     run = load_run(run_dir)
     tables = [r.epochs for r in run.ranks]
     epochs = metrics.timed_epochs(metrics.complete_epochs(tables))
-    phases = metrics.epoch_phases(tables, epochs) if epochs else None
+    phases = metrics.epoch_phases(tables, epochs)
     alone = [r.epochs for r in load_run(compute_only_dir).ranks]
     done = set(metrics.complete_epochs(alone))
     compute = np.array([metrics.slowest_seconds(alone, [e])[0] if e in done else 0.0 for e in epochs])

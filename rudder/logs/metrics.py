@@ -90,6 +90,8 @@ def epoch_time(seconds, phases=None) -> float | None:
 
 def epoch_phases(epoch_tables: list[np.ndarray], epochs: list[int]) -> np.ndarray:
     """Per epoch, the run's phase in it (every trainer has the same)."""
+    if not epochs:  # also a run stopped before its first epoch, with no rows
+        return np.zeros(0, dtype=np.int64)
     table = epoch_tables[0]
     return np.array([int(table["phase"][table["epoch"] == e][0]) for e in epochs], dtype=np.int64)
 
@@ -97,7 +99,7 @@ def epoch_phases(epoch_tables: list[np.ndarray], epochs: list[int]) -> np.ndarra
 def run_epoch_time(epoch_tables: list[np.ndarray]) -> float | None:
     """The epoch time of a run from its trainers' epoch rows."""
     epochs = timed_epochs(complete_epochs(epoch_tables))
-    return epoch_time(slowest_seconds(epoch_tables, epochs), epoch_phases(epoch_tables, epochs) if epochs else None)
+    return epoch_time(slowest_seconds(epoch_tables, epochs), epoch_phases(epoch_tables, epochs))
 
 
 def per_epoch(tables: list[np.ndarray], column, epochs: list[int]) -> np.ndarray:
