@@ -213,12 +213,12 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
         save_profile(path, [dataclasses.replace(machines[0], buffer_cpu=buffer_cpu)])
         return validate_run(buffered[5], machine_name=path)["epoch_time"]["predicted"]
 
-    added = [0.05, 0.0]  # seconds a minibatch, none an input node
+    extra = [0.05, 0.0]  # seconds a minibatch, none an input node
     bare = predicted({})
-    own = predicted({work[5]: added, "fixed": [0.0, 0.0]})
-    assert own > bare + 0.5 * added[0] * len(timed) / 2 / 2  # its minibatches an epoch, most of them on its path
-    assert predicted({work[2]: [0.0, 0.0], "fixed": added}) == pytest.approx(own)
-    assert predicted({work[2]: added, "fixed": [0.0, 0.0]}) == pytest.approx(bare)
+    own = predicted({work[5]: extra, "fixed": [0.0, 0.0]})
+    assert own > bare + 0.5 * extra[0] * len(timed) / 2 / 2  # its minibatches an epoch, most of them on its path
+    assert predicted({work[2]: [0.0, 0.0], "fixed": extra}) == pytest.approx(own)
+    assert predicted({work[2]: extra, "fixed": [0.0, 0.0]}) == pytest.approx(bare)
 
     if support_problem() is not None:
         pytest.skip(f"no shaped network on this machine: {support_problem()}")

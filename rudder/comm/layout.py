@@ -139,12 +139,16 @@ def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode
     peers = world.allgather((hostname, is_agent, mine))
     on_host = [p for p in peers if p[0] == hostname]
     shared = all(p[2] == mine for p in on_host)
-    cpus = split_cores(mine, agent_cores, is_agent) if shared else mine
+
+    def cores_of(cores: list[int], agent: bool) -> list[int]:  # a rank's cores after the split
+        return split_cores(cores, agent_cores, agent) if shared else cores
+
+    cpus = cores_of(mine, is_agent)
     if cpus != mine:
         os.sched_setaffinity(0, cpus)
-    # Each peer's cores after its own split (the same rule): a rank whose cores no rank of the
-    # other role has (an agent kept apart by --agent-cores or by srun's binding) disturbs no one
-    others = [set(split_cores(p[2], agent_cores, p[1]) if shared else p[2]) for p in on_host if p[1] != is_agent]
+    # Each peer's cores by the same rule: a rank whose cores no rank of the other role has (an
+    # agent kept apart by --agent-cores or by srun's binding) disturbs no one
+    others = [set(cores_of(p[2], p[1])) for p in on_host if p[1] != is_agent]
     shares_cores = not cpus or any(not o or o & set(cpus) for o in others)
     if agent_cores and shared:  # share among the ranks of the same kind on this host
         threads = max(1, len(cpus) // sum(p[1] == is_agent for p in on_host))

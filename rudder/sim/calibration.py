@@ -9,6 +9,7 @@ from scipy.optimize import nnls
 
 from rudder.logs import metrics
 from rudder.logs.reader import load_run
+from rudder.sim.machine import pooled_key
 from rudder.sim.simulate import buffer_work, simulate
 from rudder.sim.validate import background_load
 from rudder.train.config import ConfigError, TrainConfig
@@ -72,7 +73,7 @@ def fit_cpu(run_dirs: list[str], cores: int) -> dict:
     loads, sources, buffered = [], set(), []
     for d in run_dirs:
         counts, rows, depth, work = run_counts(d)
-        policy = work.split(" ")[0]
+        policy = pooled_key(work)
         if depth:
             raise ConfigError(f"--compute-runs {d}: expected a run with --no-overlap (each timer its own work)")
         loads.append(background_load(d) or 0.0)
@@ -119,7 +120,7 @@ def buffer_fits(buffered: list, base: dict) -> tuple[dict, dict]:
     runs: dict[str, list] = {}
     for d, work, counts, table in buffered:
         plain = base["assemble_step"] + base["assemble_byte"] * counts["input_bytes"]
-        for key in dict.fromkeys([work, work.split(" ")[0]]):  # the settings', then the policy's pool
+        for key in dict.fromkeys([work, pooled_key(work)]):  # the settings', then the policy's pool
             xs.setdefault(key, []).append(counts["input_nodes"])
             ys.setdefault(key, []).append(table["cpu_fetch"] - plain)
             runs.setdefault(key, []).append(d)

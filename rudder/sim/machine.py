@@ -53,8 +53,14 @@ class Machine:
     def buffer_seconds(self, work: str) -> tuple[float, float]:
         """``buffer_cpu``'s figures for a buffer's work: those of its policy and settings if they
         were calibrated, else its policy's pooled ones, else none."""
-        figures = self.buffer_cpu.get(work) or self.buffer_cpu.get(work.split(" ")[0]) or (0.0, 0.0)
+        figures = self.buffer_cpu.get(work) or self.buffer_cpu.get(pooled_key(work)) or (0.0, 0.0)
         return float(figures[0]), float(figures[1])
+
+
+def pooled_key(work: str) -> str:
+    """The ``buffer_cpu`` key a buffer work's figures are pooled under: its policy (the first word
+    of ``rudder.sim.simulate.buffer_work``)."""
+    return work.split(" ")[0]
 
 
 # Perlmutter: a GPU node has 4 A100 and 4 Slingshot-11 NICs (200 Gb/s = 25 GB/s each), a CPU node
