@@ -45,7 +45,10 @@ from rudder.agent.protocol import EVICT, KEEP, Decision
 # explained in the cached system prompt: 80-165 prompt tokens evaluated per request instead of
 # 240-260, 19 answer tokens instead of 28. The paper mode's prompts and answer are version 3's,
 # unchanged (it reproduces the published system).
-PROMPT_VERSION = 4
+# 5: the window's sentence says what a window costs and saves (a longer one fetches fewer rows or as
+# many; a shorter one saves the buffer's CPU only) and which to choose: told only "more sees
+# further ahead", the default model chose windows 0-3 in most answers (docs/results-agent.md).
+PROMPT_VERSION = 5
 PROMPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "prompts")
 # The answer's words for a predicted direction, and what they mean (rudder.agent.protocol.IMPACTS)
 DIRECTIONS = {"up": "increase", "down": "decrease", "flat": "stagnant"}
@@ -192,7 +195,9 @@ class LLM(Decider):
             self.system = f.read()
         if self.structured and self.window:
             self.system += (f'Also choose "window", after the refill: how many upcoming minibatches (0 to {self.window}) '
-                            f'the cache ranks its rows by; more sees further ahead.\n')
+                            f'the cache ranks its rows by. A longer window keeps the rows needed soonest, so it fetches '
+                            f'fewer rows or as many; a shorter one only saves the cache some CPU, which is worth it only '
+                            f'when the trainer hardly waits. Choose {self.window} unless the wait is near 0%.\n')
         if self.structured and self.share:
             self.system += ('Also choose "share", after those: how much of the node\'s shared cache this trainer '
                             'claims, 0 to 100 against the other trainers\' claims; more misses, a larger claim.\n')
