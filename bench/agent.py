@@ -6,9 +6,13 @@ Both runs of a pair use the same data, seed and ``--agent-cores 1`` (the agent's
 free in the replay run too), so they do identical buffer work at identical minibatches (checked:
 the rows fetched must match) and differ only by the agent's presence: its messages, its
 tests for answers, and whatever its model takes from the trainers' cores. Target: llm / replay
-<= 1.03. Epoch time = slowest trainer, median over epochs (rudder.analyze).
+<= 1.03. Epoch time = slowest trainer, median over epochs (rudder.analyze). With 5 or more pairs a
+policy's median ratio comes with a distribution-free interval (order statistics of the pairs'
+ratios, ``rudder.logs.metrics.median_interval``, at least 90% coverage): it says whether the pairs
+resolve 3%.
 
     python bench/agent.py [--parts 2] [--epochs 6] [--batch-size 256] [--decisions 6] [--agent-action structured] [--repeats 2]
+                          [--pair-policies heuristic,llm] [--no-latency]
     python bench/agent.py --latency-only [--decisions 12]   (paper vs structured answers, side by side)
     python bench/agent.py --transports [--policy heuristic] [--repeats 2] [--agent-window 1]
     python bench/agent.py --batched 4 [--decisions 6]   (a pass of N decisions: one batched call vs N calls)
@@ -55,12 +59,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import llama_cpp  # noqa: E402
 
-from bench.mpi_job import FACEBOOK, cached_partition, train_job  # noqa: E402
+from bench.mpi_job import FACEBOOK, cached_partition, shaped, train_job  # noqa: E402
 from rudder.agent.deciders.llm import LLM, PROMPT_VERSION  # noqa: E402
 from rudder.agent.deciders.llm_backends import default_model  # noqa: E402
 from rudder.agent.samples import random_context  # noqa: E402
 from rudder.agent.tiny_gguf import write_tiny_gguf  # noqa: E402
 from rudder.analysis.summary import summarize  # noqa: E402
+from rudder.logs import metrics  # noqa: E402
 from rudder.logs.reader import load_run  # noqa: E402
 from rudder.netem.namespaces import support_problem  # noqa: E402
 from rudder.train.config import TrainConfig  # noqa: E402
@@ -89,8 +94,7 @@ def window_rounds(out: str, rounds: int, epochs: int, rate: str, congestion: str
         print(f"--window-rounds: skipped, no shaped network on this machine: {problem}")
         return
     parts = cached_partition(RMAT16, 4, os.path.join(out, "rmat16-4"), "float32")
-    shaped = [sys.executable, "-m", "rudder.netem", "--rate", rate, "--links", "shared", "--nodes", "4",
-              *(["--congestion", congestion] if congestion else []), "--"]
+    network = shaped(rate, "shared", 4, *(["--congestion", congestion] if congestion else []))
     base = ["--epochs", str(epochs), "--batch-size", "256", "--fanouts", "10,25", "--buffer-fraction", "0.25"]
     steered = ["--agent-action", "structured", "--agent-buffer", "window", "--lookahead", "8",
                "--agent-window", str(agent_window)]
@@ -108,7 +112,7 @@ def window_rounds(out: str, rounds: int, epochs: int, rate: str, congestion: str
         rows = {}
         for label, (ranks, flags) in settings.items():
             run = os.path.join(out, label)
-            train_job(parts, run, ranks, 4, base + flags, wrapper=shaped)
+            train_job(parts, run, ranks, 4, base + flags, wrapper=network)
             s = summarize(load_run(run))
             seconds[label].append(s["epochs"]["median_seconds"])
             rows[label] = s["buffer"]["comm_volume"]
@@ -205,6 +209,12 @@ def batched_passes(n: int, passes: int) -> None:
     print(f"batched / one call each: {batched / each:.3f}")
 
 
+def interval_text(values: list[float]) -> str:
+    """' [lo, hi] (c%)': the median's interval (``metrics.median_interval``), or '' where there is none."""
+    found = metrics.median_interval(values)
+    return "" if found is None else f" [{found[0]:.3f}, {found[1]:.3f}] ({100 * found[2]:.0f}%)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", type=int, default=2, help="trainer ranks (one more rank is the agent)")
@@ -218,6 +228,8 @@ def main() -> int:
     ap.add_argument("--policy", default="heuristic", help="with --transports: the agent policy")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each transport, or pairs of each policy and its replay")
     ap.add_argument("--agent-window", type=int, default=1)
+    ap.add_argument("--pair-policies", default="heuristic,llm", help="the agent policies paired with their replays")
+    ap.add_argument("--no-latency", action="store_true", help="after the pairs, skip the latency table")
     ap.add_argument("--batched", type=int, default=0, metavar="N",
                     help="only passes of N structured llm decisions: one batched call vs one call each")
     ap.add_argument("--window-rounds", type=int, default=0, metavar="N",
@@ -267,15 +279,18 @@ def main() -> int:
           f"{os.cpu_count()} cores")
     print(f"{'policy':10} {'repeat':>6} {'epoch s':>8} {'replay s':>8} {'ratio':>6} {'decisions':>9} {'latency s':>9} "
           f"{'rows/epoch':>10}")
-    ratios: dict[str, list[float]] = {"heuristic": [], "llm": []}
+    ratios: dict[str, list[float]] = {policy: [] for policy in a.pair_policies.split(",")}
     for r in range(a.repeats):
         for policy in list(ratios)[:: 1 if r % 2 == 0 else -1]:  # the policies in reversed order every other time
             p = pair(parts, a.out, a.parts, policy, flags)
             ratios[policy].append(p["epoch"] / p["replay"])
             print(f"{policy:10} {r:6d} {p['epoch']:8.3f} {p['replay']:8.3f} {ratios[policy][-1]:6.3f} {p['decisions']:9d} "
                   f"{p['latency'] or 0:9.3f} {p['rows']:10.0f}", flush=True)
-    print("median agent / replay: " + ", ".join(f"{policy} {np.median(v):.3f}" for policy, v in ratios.items())
+    print("median agent / replay: " + ", ".join(f"{policy} {np.median(v):.3f}" + interval_text(v)
+                                                for policy, v in ratios.items())
           + f"; load average {os.getloadavg()[0]:.2f}")
+    if a.no_latency:
+        return 0
 
     tiny = write_tiny_gguf(os.path.join(a.out, "tiny.gguf"))
     print(f"\ndecision latency, in-process llama.cpp, idle machine, --agent-action {a.agent_action}, {a.decisions} "

@@ -168,6 +168,18 @@ def test_the_epoch_time_by_hand():
         epoch_time(seconds, [0] * 6)
 
 
+def test_the_median_interval_by_hand():
+    """The sign test's interval of a median: x(k) and x(n+1-k), k the largest whose coverage
+    1 - 2 P(Binomial(n, 1/2) < k) is at least the level (bench/agent.py prints it for paired runs)."""
+    from rudder.logs.metrics import median_interval
+
+    # n = 8: k = 2 covers 1 - 2 (1 + 8) / 256 = 0.930; k = 3 only 1 - 2 (1 + 8 + 28) / 256 = 0.711
+    assert median_interval([5, 1, 7, 3, 8, 2, 6, 4]) == (2.0, 7.0, pytest.approx(1 - 18 / 256))
+    assert median_interval([5, 1, 7, 3, 8, 2, 6, 4], level=0.7) == (3.0, 6.0, pytest.approx(1 - 74 / 256))
+    assert median_interval(range(1, 6)) == (1.0, 5.0, pytest.approx(1 - 2 / 32))  # n = 5: the extremes, 0.9375
+    assert median_interval([1.0, 2.0, 3.0, 4.0]) is None  # n = 4: even the extremes cover only 0.875
+
+
 def test_table_json_and_plots(runs, tmp_path):
     from rudder.analysis.report import SCHEMA
 

@@ -13,6 +13,9 @@ all compute their figures with these functions, so a number means the same where
   it leaves out remote inputs a buffer may not hold (with the halo scope, those beyond one hop);
 * **share correct with its 95% interval** (Pass@1): the Wilson score interval of ``correct`` in
   ``n``, which stays inside [0, 1] and is not empty at 0 or n correct (the normal approximation is);
+* **a median with its interval** (paired benchmark ratios): the distribution-free interval of a
+  median from the order statistics x(k) and x(n+1-k) of n values, k the largest whose coverage
+  ``1 - 2 P(Binomial(n, 1/2) < k)`` is still at least the level asked (the sign test's interval);
 * **hit %**: hits over cacheable lookups, ``100 hits / (hits + misses)``; the paper's per-minibatch
   figure is the same ratio, cumulative and rounded to an integer.
 
@@ -20,6 +23,8 @@ Functions take structured arrays (or rows) with the schema's field names, so the
 minibatch rows, epoch rows (which carry the same sums) and the simulator's columns alike.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -35,6 +40,20 @@ def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def median_interval(values, level: float = 0.90) -> tuple[float, float, float] | None:
+    """(low, high, coverage) of the median of ``values``: order statistics x(k) and x(n+1-k),
+    k the largest with coverage >= ``level``; None where even x(1), x(n) cover less."""
+    x, n = np.sort(np.asarray(values, dtype=float)), len(values)
+    below, best = 0.0, None
+    for k in range(1, (n + 1) // 2 + 1):
+        below += math.comb(n, k - 1) / 2 ** n  # P(Binomial(n, 1/2) < k)
+        coverage = 1 - 2 * below
+        if coverage < level:
+            break
+        best = (float(x[k - 1]), float(x[n - k]), coverage)
+    return best
 
 
 def comm_volume(misses, refills):
