@@ -76,6 +76,12 @@ def label_flags(label: str) -> list[str]:
     return ["--policy", "none", "--no-overlap"] if label == "none-serial" else ["--policy", label]
 
 
+def shaped(rate: str, links: str, nodes: int, *options: str) -> list[str]:
+    """What goes before a job's mpiexec to run it inside a shaped network: ``python -m rudder.netem
+    --rate RATE --links LINKS --nodes NODES [options] --`` (docs/network.md)."""
+    return [sys.executable, "-m", "rudder.netem", "--rate", rate, "--links", links, "--nodes", str(nodes), *options, "--"]
+
+
 def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[str], wrapper: list[str] = (),
               repo: str | None = None) -> list[str]:
     """``mpiexec -n RANKS python drivers/train.py`` on PARTS into RUN_DIR (replacing an earlier run),

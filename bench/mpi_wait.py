@@ -19,7 +19,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.mpi_job import bench_datasets, cached_partition, cpu_ticks, label_flags, train_job  # noqa: E402
+from bench.mpi_job import bench_datasets, cached_partition, cpu_ticks, label_flags, shaped, train_job  # noqa: E402
 from rudder.logs import metrics  # noqa: E402
 from rudder.logs.reader import read_rank  # noqa: E402
 
@@ -29,7 +29,7 @@ MODES = ("spin", "yield")
 def one_run(parts: str, run_dir: str, ranks: int, policy: str, mode: str, a) -> dict:
     flags = [*label_flags(policy), "--mpi-wait", mode, "--epochs", str(a.epochs),
              "--batch-size", str(a.batch_size), "--buffer-fraction", str(a.fraction)]
-    wrapper = [sys.executable, "-m", "rudder.netem", "--rate", a.rate, "--links", a.links, "--nodes", str(ranks), "--"]
+    wrapper = shaped(a.rate, a.links, ranks)
     before = cpu_ticks()
     paths = train_job(parts, run_dir, ranks, ranks, flags, wrapper)
     spent = [y - x for x, y in zip(before, cpu_ticks())]
