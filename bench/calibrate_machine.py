@@ -28,6 +28,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.mpi_job import shaped  # noqa: E402
 from rudder.sim.calibration import fit_cpu, link_figures  # noqa: E402
 from rudder.sim.machine import Machine, parse_rate, save_profile  # noqa: E402
 
@@ -37,7 +38,7 @@ NODE_BANDWIDTH = 5e9  # on-node rows (shared memory): not measured; unused when 
 def probe_link(rate: str, links: str, reps: int) -> tuple[dict, list[str]]:
     """feature_gather.py --calibrate behind the shaping: its JSON line, and the command."""
     py = sys.executable
-    cmd = [py, "-m", "rudder.netem", "--rate", rate, "--links", links, "--nodes", "3", "--",
+    cmd = [*shaped(rate, links, 3),
            os.path.join(os.path.dirname(py), "mpiexec"), "-n", "3", py, "-m", "mpi4py",
            os.path.join(REPO, "bench", "feature_gather.py"), "--calibrate", "--reps", str(reps)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200,

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from mpi_job import bench_datasets, cached_partition, label_flags
+from mpi_job import bench_datasets, cached_partition, label_flags, shaped
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -53,8 +53,7 @@ def train(parts: str, run_dir: str, flags: list[str], rate: str | None, links: s
     train_cmd = [MPIEXEC, "-n", str(ranks), PY, os.path.join(REPO, "drivers", "train.py"), "--data", parts,
                  "--run-dir", run_dir, "--overwrite", "--eval-every", "0", "--progress", "none", "--no-verify-data",
                  *flags]
-    wrapper = ([PY, "-m", "rudder.netem", "--rate", rate, "--links", links, "--nodes", str(ranks), "--stats",
-                os.path.join(run_dir, "netem.json"), "--"] if rate else [])
+    wrapper = shaped(rate, links, ranks, "--stats", os.path.join(run_dir, "netem.json")) if rate else []
     record = {"command": wrapper + train_cmd}
     if os.path.exists(stamp) and json.load(open(stamp)) == record:
         return run_dir

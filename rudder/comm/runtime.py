@@ -110,8 +110,9 @@ def abort_job(exc: BaseException | None, message: str = "", log=None, code: int 
 
     world = MPI.COMM_WORLD
     where = f"rank {world.rank} ({socket.gethostname()}, pid {os.getpid()})"
-    text = "".join(traceback.format_exception(exc)) if exc is not None else ""
+    text = ""
     if exc is not None:
+        text = "".join(traceback.format_exception(exc))
         message = message or f"{type(exc).__name__}: {exc}"
     # One write for the traceback and the line: after Abort, mpiexec's I/O forwarding may drop
     # what a rank wrote last, and two writes lost the line behind its traceback (a test saw it).
