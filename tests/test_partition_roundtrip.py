@@ -111,3 +111,15 @@ def test_same_input_same_files(tmp_path):
     r3, _ = partition_graph(graph, 3, str(tmp_path / "r3"), method="random", seed=3)
     assert [p.sha256 for p in r1.parts] == [p.sha256 for p in r2.parts]
     assert [p.sha256 for p in r1.parts] != [p.sha256 for p in r3.parts]
+
+
+def test_halo_count_equals_isin():
+    """The log row's input_halo: a binary search a remote input, the count np.isin gave (logs
+    compare bit for bit across versions and with the simulator)."""
+    from rudder.data.partition_store import halo_count
+
+    rng = np.random.default_rng(0)
+    for halo_size, n in ((0, 5), (1, 5), (50, 0), (50, 40), (1000, 300)):
+        halo = np.unique(rng.integers(0, 3000, halo_size))
+        ids = rng.permutation(np.unique(rng.integers(-5, 3005, n)))
+        assert halo_count(ids, halo) == int(np.isin(ids, halo, assume_unique=True).sum())

@@ -2,6 +2,7 @@
 flushes leaves a file h5py opens with every flushed row."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -81,3 +82,39 @@ def test_docs_list_every_column_with_its_meaning():
         doc = f.read()
     assert tables_markdown() in doc, "regenerate the tables of docs/logs.md: python -m rudder.logs.schema"
     assert all(meaning for table in MEANINGS.values() for meaning in table.values())  # none left unexplained
+
+
+def _fake_log(run, world, trainer, agents):
+    from rudder.logs.schema import FORMAT_NAME, TRAINER_TABLES
+
+    with h5py.File(run / f"rank-{world:05d}.h5", "w") as f:
+        f.attrs.update({"format": FORMAT_NAME, "run": json.dumps({"world": world}),
+                        "layout": json.dumps({"world_rank": world, "is_agent": trainer < 0, "trainer_rank": trainer,
+                                              **({} if agents is None else {"agent_ranks": agents})})})
+        f.create_dataset("minibatches", data=np.zeros(0, TRAINER_TABLES["minibatches"]))
+
+
+def test_a_trainer_opens_only_its_own_log(tmp_path):
+    """--policy replay: trainer t finds its log of the earlier run from its rank (and the agents'
+    world ranks, which any log names), not by scanning the run's P files."""
+    from rudder.logs.reader import LogError, trainer_table
+
+    # srun's block layout, 2 nodes of 2 trainers + their agent: world ranks 2 and 5 are agents
+    roles = [0, 1, -1, 2, 3, -1]
+    for world, trainer in enumerate(roles):
+        _fake_log(tmp_path, world, trainer, [2, 5])
+    assert trainer_table(str(tmp_path), 3)[0] == {"world": 4}
+    for world in (0, 1, 3, 5):  # trainer 2 reads rank-00002 (an agent's: it names the agents) and rank-00003
+        (tmp_path / f"rank-{world:05d}.h5").rename(tmp_path / f"away-{world}")
+    with pytest.raises(LogError, match=r"rank-00003\.h5: missing"):
+        trainer_table(str(tmp_path), 2)
+    _fake_log(tmp_path, 3, 7, [2, 5])
+    with pytest.raises(LogError, match=r"rank-00003\.h5: trainer 7's log, not trainer 2's"):
+        trainer_table(str(tmp_path), 2)
+    _fake_log(tmp_path, 3, 2, [2, 5])
+    assert trainer_table(str(tmp_path), 2)[0] == {"world": 3}
+    old = tmp_path / "old"  # logs from before layouts named the agents: found by a scan
+    old.mkdir()
+    for world, trainer in enumerate(roles):
+        _fake_log(old, world, trainer, None)
+    assert trainer_table(str(old), 3)[0] == {"world": 4}

@@ -1,12 +1,14 @@
 """The cluster path under a real Slurm: Debian's slurm-wlm and munge, installed if missing and
-started by hand on this machine (one node, no cgroups, PMI2 for MPICH), then
-``srun -n 5 python drivers/train.py ... --policy llm`` (4 trainers + the node's agent) and
-``sbatch jobscripts/generic.sbatch``; the daemons are stopped by PID afterwards. Skipped, with
-the reason, where Slurm cannot be installed or started (not root, no apt, no network)."""
+started by hand on this machine (two Slurm nodes, each a slurmd of its own on this host, no
+cgroups, PMI2 for MPICH), then ``srun -n 5 python drivers/train.py ... --policy llm`` (4 trainers
++ the node's agent) and ``sbatch -N 2 jobscripts/generic.sbatch`` (2 nodes of 4 trainers + 1
+agent); the daemons are stopped by PID afterwards. Skipped, with the reason, where Slurm cannot
+be installed or started (not root, no apt, no network)."""
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -36,11 +38,11 @@ SlurmdUser=root
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
-SlurmdSpoolDir={dir}/spool
+SlurmdPidFile={dir}/slurmd-%n.pid
+SlurmdSpoolDir={dir}/spool-%n
 StateSaveLocation={dir}/state
 SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
+SlurmdLogFile={dir}/slurmd-%n.log
 ReturnToService=2
 SchedulerType=sched/builtin
 SelectType=select/cons_tres
@@ -49,8 +51,10 @@ SlurmdParameters=config_overrides
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MinJobAge=5
-NodeName={host} CPUs=8 State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+FirstJobId={first_job}
+NodeName=n1 NodeHostname={host} NodeAddr=127.0.0.1 Port={n1_port} CPUs=8 State=UNKNOWN
+NodeName=n2 NodeHostname={host} NodeAddr=127.0.0.1 Port={n2_port} CPUs=8 State=UNKNOWN
+PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
 
 
@@ -112,7 +116,7 @@ def slurm(tmp_path_factory):
         pytest.skip(f"no Slurm: {reason}")
     d = str(tmp_path_factory.mktemp("slurm"))
     munge_dir = tempfile.mkdtemp(prefix="rudder-munge.", dir="/run" if os.access("/run", os.W_OK) else None)
-    for sub in ("spool", "state"):
+    for sub in ("spool-n1", "spool-n2", "state"):
         os.makedirs(os.path.join(d, sub))
     host = socket.gethostname()
     conf = os.path.join(d, "slurm.conf")
@@ -135,20 +139,26 @@ def slurm(tmp_path_factory):
     try:
         socket_path, munge_pid = _start_munge(munge_dir)
         with open(conf, "w") as f:
-            f.write(SLURM_CONF.format(host=host, dir=d, ctld_port=_free_port(), d_port=_free_port())
+            f.write(SLURM_CONF.format(host=host, dir=d, ctld_port=_free_port(), d_port=_free_port(),
+                                      n1_port=_free_port(), n2_port=_free_port(),
+                                      # MPICH names a job's shared-memory segment after its PMI job id ("1.0" for
+                                      # each new slurmctld's first step): a segment a killed job left in /dev/shm
+                                      # under that name made the next session's first srun wait in MPI_Init
+                                      first_job=random.randint(10**5, 10**8))
                     + f"AuthInfo=socket={socket_path}\n")
         env = dict(os.environ, SLURM_CONF=conf)
-        for daemon in ("slurmctld", "slurmd"):
-            daemons.append(subprocess.Popen([daemon, "-D", "-f", conf], stdout=subprocess.DEVNULL,
+        # two nodes on this one host (each slurmd with a port of its own): a job script's 2-node case
+        for cmd in (["slurmctld"], ["slurmd", "-N", "n1"], ["slurmd", "-N", "n2"]):
+            daemons.append(subprocess.Popen(cmd + ["-D", "-f", conf], stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL, env=env))
         state = ""
-        for _ in range(150):  # the node registers and turns idle
-            state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env).stdout.strip()
-            if state.startswith("idle"):
+        for _ in range(150):  # the nodes register and turn idle
+            state = subprocess.run(["sinfo", "-h", "-o", "%D %T"], capture_output=True, text=True, env=env).stdout.strip()
+            if state == "2 idle":
                 break
             time.sleep(0.2)
         else:
-            raise OSError(f"its node stayed {state!r}: {open(os.path.join(d, 'slurmd.log')).read()[-300:]}")
+            raise OSError(f"its nodes stayed {state!r}: {open(os.path.join(d, 'slurmd-n1.log')).read()[-300:]}")
     except (subprocess.SubprocessError, OSError, ValueError) as e:
         stop_all()
         pytest.skip(f"no Slurm: could not start the daemons ({e})")
@@ -156,20 +166,51 @@ def slurm(tmp_path_factory):
     stop_all()
 
 
-@pytest.fixture(scope="module")
-def parts4(tmp_path_factory):
+def _parts(tmp_path_factory, num_parts: int) -> str:
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
 
-    out = str(tmp_path_factory.mktemp("slurm-data") / "parts")
-    partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 4, out, method="metis", seed=0)
+    out = str(tmp_path_factory.mktemp("slurm-data") / f"parts{num_parts}")
+    partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), num_parts, out, method="metis", seed=0)
     return out
+
+
+@pytest.fixture(scope="module")
+def parts4(tmp_path_factory):
+    return _parts(tmp_path_factory, 4)
+
+
+@pytest.fixture(scope="module")
+def parts8(tmp_path_factory):
+    return _parts(tmp_path_factory, 8)
+
+
+def test_the_launch_plan_fits_whole_cores_and_asks_the_registry():
+    """What rudder-job.sh launches a node: an agent rank for every policy the registry says needs
+    one (tuner, one registered later), and CPUs a task in whole cores (Slurm's CR_Core rounding)."""
+    from rudder.prefetch.policies import POLICIES, Policy, register
+    from rudder.train.launch import launch_plan, main
+
+    # 128 threads on 64 two-thread cores, 5 tasks: 12 cores (24 CPUs) each, not 25 CPUs (13 cores, 65 > 64)
+    assert launch_plan("tuner", 4, 128, 2) == {"agents": 1, "tasks_per_node": 5, "cpus_per_task": 24}
+    assert launch_plan("fixed", 4, 128, 2) == {"agents": 0, "tasks_per_node": 4, "cpus_per_task": 32}
+    assert launch_plan("llm", 4, 8, 1)["cpus_per_task"] == 1 and launch_plan("llm", 4, 4, 1)["cpus_per_task"] == 0
+    try:
+        @register("agent_of_its_own")
+        class Custom(Policy):
+            needs_agent = True
+
+        assert launch_plan("agent_of_its_own", 4, 8, 1)["agents"] == 1
+    finally:
+        POLICIES.pop("agent_of_its_own", None)
+    assert main(["--policy", "nonesuch", "--trainers-per-node", "4", "--cpus", "8"]) == 2
 
 
 def test_srun_trains_with_the_llm_policy(slurm, parts4, tmp_path):
     model = write_tiny_gguf(str(tmp_path / "tiny.gguf"))
     run = tmp_path / "run"
-    proc = subprocess.run(["srun", "-n", "5", "--kill-on-bad-exit=1", sys.executable, os.path.join(REPO, "drivers", "train.py"),
+    proc = subprocess.run(["srun", "-N", "1", "-n", "5", "--kill-on-bad-exit=1", sys.executable,
+                           os.path.join(REPO, "drivers", "train.py"),
                            "--data", parts4, "--run-dir", str(run), "--policy", "llm", "--llm-model", model, "--epochs", "3",
                            "--batch-size", "8", "--eval-every", "0", "--progress", "none"],
                           capture_output=True, text=True, timeout=600, env=slurm)
@@ -180,19 +221,23 @@ def test_srun_trains_with_the_llm_policy(slurm, parts4, tmp_path):
     assert "Run done: 3 epochs on 4 trainers" in proc.stdout
 
 
-def test_sbatch_runs_the_generic_jobscript(slurm, parts4, tmp_path):
+def test_sbatch_runs_the_generic_jobscript(slurm, parts8, tmp_path):
+    """2 nodes of 4 trainers + 1 agent, with the tuner policy: its agent ranks come from the policy
+    registry, not from a list in the script."""
     run, out = tmp_path / "run", tmp_path / "job.out"
-    env = dict(slurm, RUDDER_DATA=parts4, RUDDER_RUN_DIR=str(run), RUDDER_POLICY="heuristic", RUDDER_EPOCHS="2",
+    env = dict(slurm, RUDDER_DATA=parts8, RUDDER_RUN_DIR=str(run), RUDDER_POLICY="tuner", RUDDER_EPOCHS="2",
                RUDDER_TRAINERS_PER_NODE="4", RUDDER_ARGS="--batch-size 8 --eval-every 0",
                RUDDER_VENV=os.path.dirname(os.path.dirname(sys.executable)))
-    proc = subprocess.run(["sbatch", "--wait", "-N", "1", f"--output={out}", f"--chdir={REPO}",
+    proc = subprocess.run(["sbatch", "--wait", "-N", "2", f"--output={out}", f"--chdir={REPO}",
                            os.path.join(REPO, "jobscripts", "generic.sbatch")],
                           capture_output=True, text=True, timeout=600, env=env)
     text = out.read_text() if out.exists() else ""
     assert proc.returncode == 0, proc.stderr + text[-3000:]
     logs = read_logs(run)
-    assert len(logs) == 5 and logs[-1]["role"] == "agent" and all(r["status"] == "completed" for r in logs)
-    assert "srun --ntasks=5 --ntasks-per-node=5" in text  # the line the script built
+    assert len(logs) == 10 and all(r["status"] == "completed" for r in logs)
+    assert [r["layout"]["world_rank"] for r in logs if r["role"] == "agent"] == [4, 9]  # the last rank of each node
+    assert {r["layout"]["num_nodes"] for r in logs} == {2}
+    assert "srun --ntasks=10 --ntasks-per-node=5 --distribution=block:block --cpus-per-task=1" in text  # 8 CPUs, 5 tasks
     # Bad input from the jobscript itself: one line, non-zero
     proc = subprocess.run(["sbatch", "--wait", "-N", "1", f"--output={tmp_path / 'bad.out'}", f"--chdir={REPO}",
                            os.path.join(REPO, "jobscripts", "generic.sbatch")],

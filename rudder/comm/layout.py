@@ -48,6 +48,9 @@ class Layout:
     cpus: list[int] = field(default_factory=list)  # this rank's CPU affinity after start-up
     mpi_wait: str = "spin"  # how its threads wait for MPI (rudder.comm.waiting): spin or yield
     shares_cores: bool = True  # a rank of the other role (trainer or agent) on this host may run on its cores
+    # world ranks of the job's agents: with them a trainer rank's log file is found without
+    # opening the others (rudder.logs.reader.trainer_log_path)
+    agent_ranks: list[int] = field(default_factory=list)
 
     @property
     def trainer_rank(self) -> int:
@@ -61,7 +64,7 @@ class Layout:
                 "partition_mode": self.partition_mode, "partition_id": -1 if self.partition_id is None else self.partition_id,
                 "num_parts": self.num_parts, "num_trainers": self.num_trainers,
                 "threads_per_rank": self.threads_per_rank, "cpus": self.cpus, "mpi_wait": self.mpi_wait,
-                "shares_cores": self.shares_cores}
+                "shares_cores": self.shares_cores, "agent_ranks": self.agent_ranks}
 
 
 def cores_available() -> int:
@@ -157,4 +160,5 @@ def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode
     if is_agent:  # Split with UNDEFINED hands agents COMM_NULL
         trainers = node_trainers = None
     return Layout(world, node, trainers, node_trainers, node_id, num_nodes, is_agent, partition_mode, partition_id,
-                  num_parts, num_trainers, threads, hostname, cpus, waiting.resolve(mpi_wait, threads), shares_cores)
+                  num_parts, num_trainers, threads, hostname, cpus, waiting.resolve(mpi_wait, threads), shares_cores,
+                  [rank for rank, p in enumerate(peers) if p[1]])

@@ -197,6 +197,19 @@ class Partition:
         return self.node_end - self.node_start
 
 
+def halo_count(ids: np.ndarray, halo: np.ndarray) -> int:
+    """How many of ``ids`` are in ``halo`` (sorted): one binary search an ID, O(n log h). The
+    per-step log row counts this on the training thread, where ``np.isin`` sorted the halo with
+    the IDs every step (bench/halo_count.py: 171 against 10.5 ms at a 10M-node halo). The IDs are
+    sorted first (n log n, n small): numpy's search then starts each key where the last one ended, and
+    walks the halo in one direction instead of missing the cache on every probe (5x less)."""
+    if not halo.size or not ids.size:
+        return 0
+    ids = np.sort(ids)
+    at = np.minimum(np.searchsorted(halo, ids), halo.size - 1)
+    return int(np.count_nonzero(halo[at] == ids))
+
+
 def global_csr(parts: list[Partition]) -> tuple[np.ndarray, np.ndarray]:
     """The whole graph's in-edge CSR (indptr, indices) in global IDs, from all partitions in
     order (offline checks and single-process baselines; trainers never hold this)."""

@@ -27,6 +27,7 @@ from rudder.logs.schema import (
     TRAINER_TABLES,
     upgrade,
 )
+from rudder.logs.writer import log_path
 
 
 class LogError(Exception):
@@ -164,18 +165,68 @@ def load_run(path: str) -> Run:
     return Run(path, ranks, warnings, agents)
 
 
-def trainer_table(path: str, trainer_rank: int) -> tuple[dict, np.ndarray]:
-    """One trainer's run record and minibatch table, without reading the rest of the run (what
-    ``--policy replay`` needs on every trainer)."""
+def trainer_world_rank(trainer_rank: int, agent_ranks) -> int:
+    """The world rank of trainer ``trainer_rank`` in a job whose agents had ``agent_ranks``: the
+    trainers are the other world ranks, in order."""
+    world = trainer_rank
+    for agent in sorted(agent_ranks):
+        world += agent <= world
+    return world
+
+
+def _layout_of(name: str, trainer_rank: int) -> dict:
+    """The layout record of the log ``name``, opened for trainer ``trainer_rank``: a missing or
+    foreign file is a one-line LogError naming it."""
     import h5py
 
-    for name in log_files(path):
-        try:
-            with h5py.File(name, "r", locking=False) as f:
-                if f.attrs.get("format") != FORMAT_NAME or f.attrs.get("role", TRAINER) == AGENT:
-                    continue
-                if json.loads(f.attrs["layout"])["trainer_rank"] == trainer_rank:
-                    return json.loads(f.attrs["run"]), upgrade(f["minibatches"][()], TRAINER_TABLES["minibatches"])
-        except (OSError, KeyError, ValueError) as e:
-            raise LogError(f"{name}: unreadable ({str(e).splitlines()[0][:120]})") from None
-    raise LogError(f"{path}: no log of trainer {trainer_rank}")
+    if not os.path.isfile(name):
+        raise LogError(f"{name}: missing (trainer {trainer_rank}'s log would be there)")
+    try:
+        with h5py.File(name, "r", locking=False) as f:
+            if f.attrs.get("format") != FORMAT_NAME:
+                raise LogError(f"{name}: not a Rudder run log (format {f.attrs.get('format')!r})")
+            return json.loads(f.attrs["layout"])
+    except (OSError, KeyError, ValueError) as e:
+        raise LogError(f"{name}: unreadable ({str(e).splitlines()[0][:120]})") from None
+
+
+def _is_trainer(layout: dict, trainer_rank: int) -> bool:
+    return not layout.get("is_agent") and layout["trainer_rank"] == trainer_rank
+
+
+def trainer_log_path(path: str, trainer_rank: int) -> str:
+    """The log file of trainer ``trainer_rank`` of the run in ``path``, found by opening that file
+    alone (``rank-NNNNN.h5`` of its world rank; one more open where agent ranks came before it in
+    the world), not by scanning the run: every trainer of a ``--policy replay`` job looks for its
+    own, which a scan makes P^2 opens on the shared file system. Only a log written before layouts
+    named their ``agent_ranks`` is looked for by a scan."""
+    if not os.path.isdir(path):
+        raise LogError(f"{path}: not a directory")
+    name = log_path(path, trainer_rank)  # its world rank when no agent came before it
+    layout = _layout_of(name, trainer_rank)
+    if "agent_ranks" in layout:
+        world = trainer_world_rank(trainer_rank, layout["agent_ranks"])
+        if world != trainer_rank:
+            name = log_path(path, world)
+            layout = _layout_of(name, trainer_rank)
+    elif not _is_trainer(layout, trainer_rank):
+        for other in log_files(path):
+            if _is_trainer(_layout_of(other, trainer_rank), trainer_rank):
+                return other
+    if not _is_trainer(layout, trainer_rank):
+        whose = "an agent's" if layout.get("is_agent") else f"trainer {layout['trainer_rank']}'s"
+        raise LogError(f"{name}: {whose} log, not trainer {trainer_rank}'s (a run with fewer trainers?)")
+    return name
+
+
+def trainer_table(path: str, trainer_rank: int) -> tuple[dict, np.ndarray]:
+    """One trainer's run record and minibatch table, from its own log alone (what ``--policy
+    replay`` needs on every trainer)."""
+    import h5py
+
+    name = trainer_log_path(path, trainer_rank)
+    try:
+        with h5py.File(name, "r", locking=False) as f:
+            return json.loads(f.attrs["run"]), upgrade(f["minibatches"][()], TRAINER_TABLES["minibatches"])
+    except (OSError, KeyError, ValueError) as e:
+        raise LogError(f"{name}: unreadable ({str(e).splitlines()[0][:120]})") from None
