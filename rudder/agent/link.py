@@ -1,6 +1,7 @@
 """A trainer's connection to its node's agent rank over MPI (``rudder.agent.protocol`` on the
 node communicator; the agent is the node's highest rank). Used from the pipeline thread, which
-is why the job asks MPI for ``MPI_THREAD_MULTIPLE``.
+is why the job asks MPI for ``MPI_THREAD_MULTIPLE``; every call goes through the rank's MPI lock
+(``rudder.comm.gate``), so it is never inside MPI beside the training thread.
 
 ``AgentLink`` (``--agent-transport p2p``) sends each request and receives its answer
 point-to-point. ``CollectiveLink`` (``collective``) joins every window at the agreed minibatches
@@ -14,7 +15,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from mpi4py import MPI
 
 from rudder.agent.protocol import (
     BYE,
@@ -31,6 +31,7 @@ from rudder.agent.protocol import (
     TAG_TO_TRAINER,
     DecisionLink,
 )
+from rudder.comm import gate
 
 
 class AgentLink(DecisionLink):
@@ -48,23 +49,27 @@ class AgentLink(DecisionLink):
         """Seconds until the agent said READY. Polled with short sleeps, not ``Wait``: MPICH's
         blocking wait spins, and on a shared core it would slow the agent's warm-up it waits for."""
         flag = np.zeros(1)
-        start, ready = time.perf_counter(), self.comm.Irecv(flag, source=self.agent, tag=TAG_READY)
-        while not ready.Test():
-            time.sleep(0.005)
+        start = time.perf_counter()
+        with gate.held():
+            ready = self.comm.Irecv(flag, source=self.agent, tag=TAG_READY)
+        gate.settle(ready, 0.005)
         return time.perf_counter() - start
 
     def _send(self, payload: np.ndarray, tag: int = TAG_TO_AGENT) -> None:
-        self.sent = [r for r in self.sent if not r.Test()]  # keep the buffers of sends in flight
-        self.sent.append(self.comm.Isend(payload, dest=self.agent, tag=tag))  # holds the buffer
+        with gate.held():  # the pipeline thread's calls, beside the training thread's (rudder.comm.gate)
+            self.sent = [r for r in self.sent if not r.Test()]  # keep the buffers of sends in flight
+            self.sent.append(self.comm.Isend(payload, dest=self.agent, tag=tag))  # holds the buffer
 
     def _post(self, request: dict) -> None:
         self.answer = np.zeros(len(DECISION_FIELDS))
-        self.receive = self.comm.Irecv(self.answer, source=self.agent, tag=TAG_TO_TRAINER)
+        with gate.held():
+            self.receive = self.comm.Irecv(self.answer, source=self.agent, tag=TAG_TO_TRAINER)
         self._send(np.array([request[k] for k in REQUEST_FIELDS], dtype=np.float64))
 
     def _arrived(self) -> np.ndarray | None:
-        if not self.receive.Test():
-            return None
+        with gate.held():
+            if not self.receive.Test():
+                return None
         return self.answer.copy()
 
     def _wait(self) -> np.ndarray:
@@ -80,19 +85,19 @@ class AgentLink(DecisionLink):
         cuts a decision short once it sees the BYE behind it)."""
         self._send(np.array([BYE] + [0.0] * (len(REQUEST_FIELDS) - 1)), tag=TAG_BYE)
         if self.outstanding is not None:
-            self.receive.Wait()
-        MPI.Request.Waitall(self.sent)
+            settle(self.receive)
+        gate.complete(self.sent, "yield")
 
 
 def settle(request) -> None:
     """Wait for ``request`` with short sleeps, not a spinning ``Wait`` (the agent may share this core)."""
-    while not request.Test():
-        time.sleep(0.0005)
+    gate.settle(request, 0.0005)
 
 
 def duplicate(comm):
     """``comm`` duplicated (collective over it), waited for as ``settle`` waits."""
-    copy, request = comm.Idup()
+    with gate.held():
+        copy, request = comm.Idup()
     settle(request)
     return copy
 
@@ -111,9 +116,10 @@ class CollectiveLink(AgentLink):
 
     def _window(self, row: np.ndarray):
         answer = np.zeros(len(DECISION_FIELDS))
-        posted = (self.gather_comm.Igather(row, None, root=self.agent),
-                  self.scatter_comm.Iscatter(None, answer, root=self.agent), row, answer)  # holds the buffers
-        self.windows = [w for w in self.windows if not (w[0].Test() and w[1].Test())] + [posted]
+        with gate.held():
+            posted = (self.gather_comm.Igather(row, None, root=self.agent),
+                      self.scatter_comm.Iscatter(None, answer, root=self.agent), row, answer)  # holds the buffers
+            self.windows = [w for w in self.windows if not (w[0].Test() and w[1].Test())] + [posted]
         return posted
 
     def _post(self, request: dict) -> None:
@@ -132,4 +138,4 @@ class CollectiveLink(AgentLink):
         for gather, scatter, _, _ in self.windows:
             settle(gather)
             settle(scatter)
-        MPI.Request.Waitall(self.sent)
+        gate.complete(self.sent, "yield")

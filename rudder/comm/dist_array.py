@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rudder.comm import waiting
+from rudder.comm import gate, waiting
 
 # A Get moves bytes and converts nothing, so rows of any dtype travel as the unsigned integer
 # type of their item size (float16 and bfloat16 feature rows included, which MPI may not name).
@@ -96,7 +96,8 @@ class DistributedArray:
     ``segment_rows[p]`` is partition p's row count; ``exposer[p]`` the rank of ``comm`` holding it;
     ``fill(array)`` writes this rank's own segment (called only on exposing ranks); ``gets``:
     ``runs``, ``indexed`` or ``auto`` (by row size; module docstring); ``wait``: how a read waits
-    for its Gets, ``spin`` (in ``Flush``) or ``yield`` (``rudder.comm.waiting``).
+    for its Gets, ``spin`` (in ``Flush``; with the MPI lock on, ``rudder.comm.gate``, by back-to-back
+    tests of ``Rget``s, the lock free between them) or ``yield`` (``rudder.comm.waiting``).
     """
 
     def __init__(self, comm, segment_rows, exposer, my_part: int | None, dtype, row_shape=(), fill=None,
@@ -115,12 +116,15 @@ class DistributedArray:
         self.gets, self.wait = gets, wait
         exposes = my_part is not None and self.exposer[my_part] == comm.rank
         rows = int(self.segment_rows[my_part]) if exposes else 0
-        self.win = MPI.Win.Allocate(rows * self.row_bytes, disp_unit=self.dtype.itemsize, comm=comm)
+        # Collective calls through the MPI lock (rudder.comm.gate): an evaluation opens windows
+        # while the pipeline thread reads
+        self.win = gate.collective(comm, MPI.Win.Allocate, rows * self.row_bytes, self.dtype.itemsize, MPI.INFO_NULL, comm)
         self.own = np.frombuffer(self.win.tomemory(), dtype=self.dtype, count=rows * row_items).reshape((rows, *self.row_shape))
         if exposes and fill is not None:
             fill(self.own)
-        comm.Barrier()  # every segment is filled before anyone reads
-        self.win.Lock_all(MPI.MODE_NOCHECK)
+        gate.collective(comm, comm.Barrier)  # every segment is filled before anyone reads
+        with gate.held():
+            self.win.Lock_all(MPI.MODE_NOCHECK)
         self.views: dict[int, np.ndarray] = {}  # partitions this process can load directly
         self.own_part = my_part if exposes and rows else None
         for part, rank in enumerate(self.exposer):
@@ -129,13 +133,15 @@ class DistributedArray:
                 self.views[part] = self.own
                 continue
             try:
-                buf, _ = self.win.Shared_query(int(rank))
+                with gate.held():
+                    buf, _ = self.win.Shared_query(int(rank))
             except MPI.Exception:  # an MPI that does not share allocated windows: RMA serves it
                 continue
             if n and len(buf) >= n * self.row_bytes:
                 self.views[part] = np.frombuffer(buf, dtype=self.dtype, count=n * row_items).reshape((n, *self.row_shape))
         base = getattr(MPI, MPI_TYPES[self.dtype.itemsize])
-        self.row_type = base.Create_contiguous(row_items).Commit()
+        with gate.held():
+            self.row_type = base.Create_contiguous(row_items).Commit()
         self.row_items = row_items
 
     def read(self, parts: np.ndarray, index: np.ndarray, out: np.ndarray | None = None,
@@ -206,12 +212,13 @@ class DistributedArray:
         if while_fetching is not None:
             while_fetching()
         pending, datatypes, remote_start, last_gets = flying
-        if last_gets:  # wait for each owner's last Get without spinning; the Flushes then find them done
+        if last_gets:  # wait for the Gets by tests (the MPI lock released between them); the Flushes then find them done
             waiting.wait_all(last_gets, self.wait)
-        for rank in pending:
-            self.win.Flush(rank)
-        for dt in datatypes:
-            dt.Free()
+        with gate.held():
+            for rank in pending:
+                self.win.Flush(rank)
+            for dt in datatypes:
+                dt.Free()
         if pending:
             stats.seconds_remote = time.perf_counter() - remote_start
         stats.owners_touched = len(pending)
@@ -219,10 +226,18 @@ class DistributedArray:
 
     def _issue_gets(self, remote: list, bounds, order, index, at, out, stats: ReadStats) -> tuple:
         """The Gets of every row of the partitions ``remote`` (no Flush): (ranks to flush,
-        datatypes to free after, when the first was issued, and with ``wait`` yield the requests
-        of each owner's last Get, issued as an ``Rget``)."""
+        datatypes to free after, when the first was issued, and the requests to wait for: with
+        ``wait`` yield each owner's last Get, issued as an ``Rget``; with the MPI lock on
+        (``rudder.comm.gate``) every Get an ``Rget``, so that no Flush waits for an owner with the
+        lock held)."""
         pending, datatypes, remote_start, last_gets = [], [], time.perf_counter(), []
-        request = self.wait == "yield"  # an Rget's request is what a thread can test without blocking
+        request = self.wait == "yield" or gate.ENABLED  # an Rget's request is what a thread can test without blocking
+        with gate.held():  # issuing waits for no one: one hold for every Get
+            self._issue_each(remote, bounds, order, index, at, out, stats, request, pending, datatypes, last_gets)
+        return pending, datatypes, remote_start, last_gets
+
+    def _issue_each(self, remote, bounds, order, index, at, out, stats: ReadStats, request: bool, pending: list,
+                    datatypes: list, last_gets: list) -> None:
         for part in remote:
             positions = order[bounds[part]:bounds[part + 1]]  # increasing
             local = index[positions]
@@ -233,35 +248,38 @@ class DistributedArray:
                 last = self._get_runs(out, positions, local, rank, request)
             else:
                 last = self._get_indexed(out, positions, local, rank, part, datatypes, request)
-            if last is not None:
-                last_gets.append(last)
+            last_gets += last
             pending.append(rank)
             stats.rows_remote += positions.size
             stats.bytes_remote += positions.size * self.row_bytes
-        return pending, datatypes, remote_start, last_gets
 
     def progress(self) -> None:
         """Let MPI progress what is in flight (others' Gets of this rank's rows included) without
         waiting for anything; any thread may call it."""
-        self.comm.Iprobe()
+        with gate.held():
+            self.comm.Iprobe()
 
-    def _get_runs(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int, request: bool):
-        """One contiguous Get per run of rows consecutive on both sides (no Flush); the last one
-        an ``Rget`` when ``request``, its request returned."""
+    def _get_runs(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int, request: bool) -> list:
+        """One contiguous Get per run of rows consecutive on both sides (no Flush); the requests
+        to wait for: with ``request``, the last one's (an ``Rget``), or every one's with the MPI lock on."""
         breaks = np.flatnonzero((np.diff(local) != 1) | (np.diff(positions) != 1)) + 1
         starts = np.concatenate([[0], breaks])
         lengths = np.diff(np.concatenate([starts, [positions.size]]))
         get, row_type, items = self.win.Get, self.row_type, self.row_items
         runs = list(zip(positions[starts].tolist(), lengths.tolist(), local[starts].tolist()))
+        if request and gate.ENABLED:
+            rget = self.win.Rget
+            return [rget([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type))
+                    for first, n, row in runs]
         for first, n, row in runs[:-1] if request else runs:
             get([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type))
         if request:
             first, n, row = runs[-1]
-            return self.win.Rget([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type))
-        return None
+            return [self.win.Rget([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type))]
+        return []
 
     def _get_indexed(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int, part,
-                     datatypes: list, request: bool):
+                     datatypes: list, request: bool) -> list:
         """One Get of indexed rows on both sides (no Flush), an ``Rget`` when ``request`` (its
         request returned); the datatypes to free after it go into ``datatypes``."""
         if local.max() > np.iinfo(np.int32).max:  # MPI datatype displacements are C ints
@@ -270,24 +288,27 @@ class DistributedArray:
         origin = self.row_type.Create_indexed_block(1, positions.astype(np.int32)).Commit()
         datatypes += [target, origin]
         if request:
-            return self.win.Rget([out, 1, origin], rank, target=(0, 1, target))
+            return [self.win.Rget([out, 1, origin], rank, target=(0, 1, target))]
         self.win.Get([out, 1, origin], rank, target=(0, 1, target))
-        return None
+        return []
 
     def publish(self) -> None:
         """Collective over ``comm``: rows written into segments (own or same-node views) after
         construction become visible to every reader."""
-        self.win.Sync()
-        self.comm.Barrier()
-        self.win.Sync()
+        def publish():
+            self.win.Sync()
+            self.comm.Barrier()
+            self.win.Sync()
+        gate.collective(self.comm, publish)
 
     def close(self) -> None:
         """Collective over ``comm``: call on every rank once no rank reads any more."""
         if self.win is not None:
-            self.comm.Barrier()
-            self.win.Unlock_all()
-            self.row_type.Free()
+            gate.collective(self.comm, self.comm.Barrier)
+            with gate.held():
+                self.win.Unlock_all()
+                self.row_type.Free()
             self.own = None
             self.views.clear()
-            self.win.Free()
+            gate.collective(self.comm, self.win.Free)
             self.win = None

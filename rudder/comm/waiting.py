@@ -12,16 +12,18 @@ a small share of a core. The cap is short because over OFI/TCP a rank serves the
 rows only while one of its threads is in MPI: with sleeps of up to 1 ms the wire idled between
 wake-ups and bandwidth-bound runs were slower than spinning.
 
+With the MPI lock on (``rudder.comm.gate``, the default) ``spin`` is a loop of tests too, with no
+sleep between them: a blocking ``Waitall`` would hold the lock the whole wait.
+
 ``auto`` (``resolve``) yields when a rank may use fewer cores than it has threads (the layout's
 ``threads_per_rank``), and spins otherwise (a cluster node's cores bound to its ranks).
 """
 from __future__ import annotations
 
-import time
+from rudder.comm import gate
 
 WAITS = ("auto", "spin", "yield")
-FIRST_SLEEP = 10e-6  # seconds before the second test
-MAX_SLEEP = 100e-6  # the longest sleep between tests (a sleeping rank serves no one's Gets)
+FIRST_SLEEP, MAX_SLEEP = gate.FIRST_SLEEP, gate.MAX_SLEEP  # ``yield``'s sleeps (kept in gate, where the loop is)
 THREADS_PER_TRAINER = 2  # the training thread and the pipeline thread
 
 
@@ -35,13 +37,7 @@ def resolve(choice: str, threads_per_rank: int) -> str:
 
 
 def wait_all(requests: list, mode: str) -> None:
-    """Complete every request (mpi4py ``Request``s) the way ``mode`` says."""
-    from mpi4py import MPI
-
-    if mode == "spin":
-        MPI.Request.Waitall(requests)
-        return
-    delay = FIRST_SLEEP
-    while not MPI.Request.Testall(requests):
-        time.sleep(delay)
-        delay = min(MAX_SLEEP, 2 * delay)
+    """Complete every request (mpi4py ``Request``s) the way ``mode`` says, one test at a time
+    under the rank's MPI lock (``rudder.comm.gate``): ``spin`` never sleeps, yet lets the rank's
+    other thread into MPI between two tests."""
+    gate.complete(requests, mode)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rudder.comm import gate
 from rudder.logs import checkpoints
 
 
@@ -116,7 +117,7 @@ class CheckpointCoordinator:
         checkpoints.save(os.path.join(where, rank_file(self.world_rank)),
                          {"counter": counter, **snapshot, "torch_rng": torch.get_rng_state(),
                           "log_rows": dict(self.log.written)})
-        self.trainers.Barrier()
+        gate.collective(self.trainers, self.trainers.Barrier)  # beside the pipeline thread: rudder.comm.gate
         if self.trainers.rank == 0:
             checkpoints.commit(run_dir, {"counter": counter, "epoch": epoch, "step": step, "world_size": self.world_size,
                                          "save_seconds": time.perf_counter() - t,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rudder.comm import gate
 from rudder.comm.dist_array import DistributedArray
 from rudder.data.feature_store import NodeRows
 from rudder.sampling.neighbors import NeighborSampler
@@ -38,7 +39,8 @@ def evaluate(model, layout, meta, partition, features: NodeRows, adjacency, expo
         rows = DistributedArray(layout.trainers, [p.num_owned for p in meta.parts], exposer, pid, np.float32,
                                 (model.widths[layer + 1],), wait=layout.mpi_wait)
         target = rows.views.get(pid)
-        shared_ok = layout.node_trainers.allreduce(target is not None, op=MPI.LAND)
+        node = layout.node_trainers  # collectives beside the pipeline thread: through the MPI lock (rudder.comm.gate)
+        shared_ok = gate.collective(node, node.allreduce, target is not None, op=MPI.LAND)
         mine = my_share(owned, layout) if shared_ok else (owned if rows.own.shape[0] else owned[:0])
         for lo in range(0, mine.size, batch_size):
             dst = mine[lo:lo + batch_size]
@@ -57,7 +59,7 @@ def evaluate(model, layout, meta, partition, features: NodeRows, adjacency, expo
             counts[2 * i] += int((logits.argmax(dim=1) == labels).sum())
             progress()
         counts[2 * i + 1] = seeds.size
-    layout.trainers.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
+    gate.collective(layout.trainers, layout.trainers.Allreduce, MPI.IN_PLACE, counts, op=MPI.SUM)
     if hidden_rows is not None:
         hidden_rows.close()
     model.train(was_training)

@@ -1,0 +1,121 @@
+"""One thread of a rank inside MPI at a time: the process-wide discipline every MPI call of a
+rank's threads (training, pipeline, agent link) follows (issue 38).
+
+Two threads of one rank inside MPICH at once were the suspect of the replicas that diverged on a
+16-core machine (docs/training.md, "Replicas that diverged"): the training thread spinning in
+``Waitall`` on the gradient ``Iallreduce`` while the pipeline thread's Gets and Flushes progressed
+the same VCI. Whatever the library's bug, a rank whose threads never meet inside MPI cannot
+trigger it. The library still grants ``MPI_THREAD_MULTIPLE`` (calls come from several threads,
+one at a time).
+
+The discipline, and why it cannot deadlock: the lock (``held``) is taken around calls that
+return without waiting for another rank (issuing Gets and Rgets, building datatypes, starting an
+``Iallreduce``, one ``Testall``, one ``Iprobe``, a ``Flush`` of Gets already completed). A wait
+for another rank is a test loop (``complete``) that takes the lock for each test and releases it
+between tests, so the rank's other thread gets in between and its Gets still progress. A
+blocking collective (``collective``) first meets its peers in an ``Ibarrier`` completed the same
+way, and only then enters the call under the lock: by then every peer has reached it too, and
+each peer's lock is held only for calls that return without waiting on a rank, so the call waits
+for nothing but the peers' locks. ``MPI_Abort`` is exempt: it ends the process.
+
+``--mpi-lock off`` (``enable(False)``) turns the discipline off, the code's behaviour before it
+(for measuring its cost side by side, and for the stress harness's bisection). Whether the
+discipline holds is counted below Python, by a PMPI shim that wraps every MPI function
+(``bench/mpi_overlap.py``; ``tests/test_gate.py``).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+ENABLED = True  # ``enable``: set once, before a rank's second thread starts
+FIRST_SLEEP = 10e-6  # ``yield``: seconds before the second test
+MAX_SLEEP = 100e-6  # ``yield``: the longest sleep between tests (a sleeping rank serves no one's Gets)
+
+
+class Gate:
+    """The lock, with a count of threads waiting for it, so that a thread testing in a loop lets
+    a waiting thread in (Python's lock is not fair: a thread that releases and takes it again at
+    once would keep it from a waiter for long stretches)."""
+
+    def __init__(self):
+        self.lock = threading.RLock()  # reentrant: a call under the lock may call another (a read's progress pokes)
+        self.counting = threading.Lock()
+        self.waiting = 0
+
+    @contextlib.contextmanager
+    def held(self):
+        if not self.lock.acquire(blocking=False):
+            with self.counting:
+                self.waiting += 1
+            self.lock.acquire()
+            with self.counting:
+                self.waiting -= 1
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def let_in(self) -> None:
+        """Between two tests: if a thread waits for the lock, give it the interpreter until it has it."""
+        while self.waiting:
+            time.sleep(0)
+
+
+GATE = Gate()
+
+
+def enable(on: bool) -> None:
+    """Turn the discipline on or off for this process; only before a second thread enters MPI."""
+    global ENABLED
+    ENABLED = bool(on)
+
+
+def held():
+    """The lock around calls that return without waiting for another rank (a no-op when off)."""
+    return GATE.held() if ENABLED else contextlib.nullcontext()
+
+
+def complete(requests: list, mode: str) -> None:
+    """Complete every request (mpi4py ``Request``s): ``spin`` tests back to back, ``yield``
+    sleeps between tests (``rudder.comm.waiting``). With the gate on, each test holds the lock
+    and the other thread gets in between; off, ``spin`` waits in ``Waitall`` as before."""
+    from mpi4py import MPI
+
+    if not ENABLED and mode == "spin":
+        MPI.Request.Waitall(requests)
+        return
+    delay = FIRST_SLEEP
+    while True:
+        with held():
+            if MPI.Request.Testall(requests):
+                return
+        if mode == "spin":
+            GATE.let_in()
+        else:
+            time.sleep(delay)
+            delay = min(MAX_SLEEP, 2 * delay)
+
+
+def settle(request, sleep: float) -> None:
+    """Wait for one request testing every ``sleep`` seconds (for waits that must not spin: an
+    agent that may share this core), each test under the lock."""
+    while True:
+        with held():
+            if request.Test():
+                return
+        time.sleep(sleep)
+
+
+def collective(comm, call, /, *args, **kwargs):
+    """``call(*args, **kwargs)``, a blocking collective over ``comm``, entered once every rank of
+    ``comm`` has reached it (an ``Ibarrier`` completed by tests), under the lock; its result. Off:
+    the call alone."""
+    if not ENABLED:
+        return call(*args, **kwargs)
+    with held():
+        barrier = comm.Ibarrier()
+    complete([barrier], "yield")
+    with held():
+        return call(*args, **kwargs)

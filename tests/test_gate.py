@@ -1,0 +1,115 @@
+"""One thread of a rank inside MPI at a time (rudder.comm.gate, issue 38): the lock's waits let the
+other thread in, a training run with the lock has no two threads inside MPI at once (counted below
+Python by bench/mpi_overlap.py's shim) and trains bit-identically to one without it, and the
+stress harness (bench/replica_stress.py) runs and forces the overlap the lock removes."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import BUNDLED_CORA, REPO, read_logs, run_trains
+
+from rudder.comm import gate
+
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import mpi_overlap  # noqa: E402
+
+
+def test_a_spinning_wait_lets_the_other_thread_into_mpi():
+    """The training thread tests its request in a loop without sleeping (``spin``); the pipeline
+    thread's calls under the lock still get in between two tests, none beside another."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_SELF
+    got = np.zeros(2, dtype=np.int64)
+    request = comm.Irecv(got, source=0, tag=38)
+    inside, most, entered = [0], [0], []
+
+    def pipeline():
+        for _ in range(200):
+            with gate.held():
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                comm.Iprobe()
+                entered.append(time.perf_counter())
+                inside[0] -= 1
+        with gate.held():
+            comm.Send(np.array([3, 8], dtype=np.int64), dest=0, tag=38)
+
+    other = threading.Thread(target=pipeline)
+    start = time.perf_counter()
+    other.start()
+    gate.complete([request], "spin")
+    other.join()
+    assert got.tolist() == [3, 8] and len(entered) == 200 and most[0] == 1
+    assert time.perf_counter() - start < 10, "the spinning wait kept the lock from the other thread"
+
+
+def test_a_collective_goes_through_the_lock_and_the_switch_restores_the_old_waits():
+    from mpi4py import MPI
+
+    assert gate.collective(MPI.COMM_SELF, MPI.COMM_SELF.allgather, 5) == [5]
+    try:
+        gate.enable(False)
+        assert isinstance(gate.held(), contextlib.nullcontext)  # off: no lock, MPI's own waits
+        with gate.held():
+            assert gate.collective(MPI.COMM_SELF, MPI.COMM_SELF.allgather, 6) == [6]
+    finally:
+        gate.enable(True)
+
+
+def cora_jobs(parts, run, lock: str) -> list[str]:
+    return ["--data", parts, "--run-dir", run, "--policy", "fixed", "--delta", "3", "--epochs", "2", "--batch-size", "8",
+            "--mpi-wait", "spin", "--mpi-lock", lock, "--checkpoint-every", "5", "--eval-every", "1", "--progress", "none"]
+
+
+def test_training_with_the_lock_never_has_two_threads_in_mpi_and_trains_as_without(tmp_path):
+    """Cora at 4 ranks, each its own emulated node, ``spin`` waits, with the evaluation's windows and
+    a checkpoint's barrier beside the pipeline thread: with the lock, no MPI call of any rank began
+    while another thread of it was inside MPI; without it, the same losses bit for bit."""
+    shim = mpi_overlap.build(str(tmp_path / "shim"))
+    if shim is None:
+        pytest.skip("the overlap shim needs x86-64 Linux, gcc, nm and the mpich wheel's libmpi")
+    parts = tmp_path / "cora4"
+    proc = subprocess.run([sys.executable, "-m", "partitioning", "--input", f"planetoid:{BUNDLED_CORA}:cora",
+                           "--num-parts", "4", "--out", parts], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cliques = {"MPIR_CVAR_NUM_CLIQUES": "4"}
+    counts = str(tmp_path / "overlap")
+    locked = run_trains(4, [cora_jobs(parts, tmp_path / "on", "on")], tmp_path,
+                        env={**cliques, **mpi_overlap.env(shim, counts)})
+    assert locked.returncode == 0, locked.stdout[-2000:] + locked.stderr[-3000:]
+    unlocked = run_trains(4, [cora_jobs(parts, tmp_path / "off", "off")], tmp_path, env=cliques)
+    assert unlocked.returncode == 0, unlocked.stdout[-2000:] + unlocked.stderr[-3000:]
+    total = mpi_overlap.read(counts)
+    assert total["ranks"] >= 4 and total["calls"] > 1000, total
+    assert total["overlaps"] == 0, f"two threads of a rank inside MPI at once: {total['pairs']}"
+    on, off = read_logs(tmp_path / "on"), read_logs(tmp_path / "off")
+    assert [log["status"] for log in on + off] == ["completed"] * 8
+    for a, b in zip(on, off):
+        assert a["minibatches"]["loss"].tobytes() == b["minibatches"]["loss"].tobytes()
+        assert a["minibatches"]["global_loss"].tobytes() == b["minibatches"]["global_loss"].tobytes()
+        assert a["epochs"]["param_digest"].tolist() == b["epochs"]["param_digest"].tolist()
+
+
+def test_the_stress_harness_runs_and_forces_the_overlap(tmp_path):
+    """One short job without the lock: every step's reads issued while the Iallreduce is in flight
+    (the shim counts calls overlapping), the reduced buffers compared, the summary written."""
+    if mpi_overlap.build(str(tmp_path / "probe")) is None:
+        pytest.skip("the overlap shim needs x86-64 Linux, gcc, nm and the mpich wheel's libmpi")
+    out = tmp_path / "summary.json"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "replica_stress.py"), "--jobs", "1", "--steps",
+                           "8", "--ranks", "2", "--gate", "off", "--count-overlaps", "--json", out, "--timeout", "60"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads(out.read_text())
+    assert summary["jobs"] == 1 and summary["steps"] == 8 and summary["reads"] >= 8
+    assert summary["wrong_rows"] == 0 and summary["jobs_diverged"] == 0 and summary["job_bound_95"] == 3.0
+    assert summary["mpi_calls_overlapping"] > 0, summary
