@@ -38,7 +38,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from bench.mpi_job import train_job  # noqa: E402
 from rudder.comm.dist_array import DistributedArray  # noqa: E402
-from rudder.logs.metrics import complete_epochs, remote_rows_per_epoch, run_epoch_time, timed_epochs  # noqa: E402
+from rudder.logs.metrics import remote_rows_per_epoch, run_epoch_time, run_timed_epochs  # noqa: E402
 from rudder.logs.reader import load_run  # noqa: E402
 from rudder.prefetch import assembly, buffers, scored_buffer, window_buffer  # noqa: E402
 from rudder.prefetch.policies import make_policy  # noqa: E402
@@ -206,7 +206,7 @@ def end_to_end(a) -> None:
             train_job(a.e2e, run_dir, a.ranks, 1, ["--policy", policy, *flags], repo=repos[tree])
             run = load_run(run_dir)
             tables = [r.epochs for r in run.ranks]
-            rows = remote_rows_per_epoch([r.minibatches for r in run.ranks], timed_epochs(complete_epochs(tables)))
+            rows = remote_rows_per_epoch([r.minibatches for r in run.ranks], run_timed_epochs(tables))
             times.setdefault((tree, policy), []).append((run_epoch_time(tables), rows))
             print(f"  rep {rep} {tree:<6} {policy:<10} {times[tree, policy][-1][0]:8.2f} s  "
                   f"{rows:>12,.0f} remote rows/epoch  (load {os.getloadavg()[0]:.2f})", flush=True)

@@ -6,7 +6,7 @@ side in this one script:
   * "1 node":   all ranks on this host, so remote partitions are read through shared memory;
   * "N nodes":  MPICH told each rank is its own node (MPIR_CVAR_NUM_CLIQUES=N), so every remote
                 row crosses RMA (loopback here; the network on a cluster).
-Epoch time is the slowest trainer's, median over epochs 2..E. Shares are per-trainer time
+Epoch time is the slowest trainer's, median over the steady epochs (rudder.logs.metrics). Shares are per-trainer time
 over epoch time, averaged over trainers: "wait" = sampling + feature assembly (the training
 thread blocked on its inputs), "rma" = time inside RMA Get..Flush (sampling's CSR reads and
 feature rows). Remote rows are input rows owned by another partition, summed over trainers.
@@ -26,6 +26,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from bench.mpi_job import bench_datasets, cached_partition, train_job  # noqa: E402
+from rudder.logs import metrics  # noqa: E402
 
 
 def run(parts_dir: str, ranks: int, run_dir: str, cliques: int, args) -> dict:
@@ -34,9 +35,12 @@ def run(parts_dir: str, ranks: int, run_dir: str, cliques: int, args) -> dict:
                                                                str(args.batch_size), "--hidden", str(args.hidden)]):
         with h5py.File(path, "r", locking=False) as f:
             epochs.append(f["epochs"][()])
-    ep = np.stack(epochs)[:, 1:]  # [ranks, epochs 2..E]
+    timed = metrics.run_timed_epochs(epochs)
+    if not timed:
+        raise SystemExit(f"bench/epoch_time.py: --epochs {args.epochs}: {metrics.run_too_short(epochs)}")
+    ep = np.stack([t[np.isin(t["epoch"], timed)] for t in epochs])  # [ranks, steady epochs]
     seconds = ep["seconds"].max(axis=0)
-    return {"epoch_s": float(np.median(seconds)), "wait": float(np.mean(ep["t_wait"] / seconds)),
+    return {"epoch_s": metrics.epoch_time(seconds), "wait": float(np.mean(ep["t_wait"] / seconds)),
             "rma": float(np.mean(ep["t_rma"] / seconds)), "fetch": float(np.mean(ep["t_fetch"] / seconds)),
             "remote_rows": float(np.median(ep["input_remote"].sum(axis=0))),
             "rma_mib": float(np.median(ep["bytes_rma"].sum(axis=0)) / 2**20),

@@ -13,7 +13,7 @@ the reps, and a time ratio is the median over reps of the run against the same r
 (with their range). The losses of every configuration are checked bit-identical to float32's.
 
 Columns: MiB = feature bytes read by RMA per epoch, all trainers (``bytes_rma``, stored rows);
-rows = remote rows fetched per epoch; epoch s = the slowest trainer's, median over epochs 2..E
+rows = remote rows fetched per epoch; epoch s = the slowest trainer's, median over the steady epochs
 (rudder.logs.metrics); wait = the training thread waiting for its inputs, fetch = feature
 assembly (sampling not included), rma = inside Get..Flush (feature rows and the sampler's
 adjacency), each per trainer per epoch. The "floor" is computed, not measured: the epoch's
@@ -61,7 +61,7 @@ def one_run(parts: str, run_dir: str, a, policy: str, gets: str, wrapper: list[s
     run = load_run(run_dir)
     s = summarize(run)
     t = s["time_breakdown"]
-    timed = metrics.timed_epochs(metrics.complete_epochs([r.epochs for r in run.ranks]))
+    timed = metrics.run_timed_epochs([r.epochs for r in run.ranks])
     rma = metrics.per_epoch_mean([r.minibatches for r in run.ranks], "t_rma", timed) / len(run.ranks)
     return {"mib": s["traffic"]["rma_bytes_per_epoch"] / 2**20, "rows": s["traffic"]["remote_rows_fetched_per_epoch"],
             "epoch_s": s["epochs"]["median_seconds"], "wait_s": t["t_wait"], "fetch_s": t["t_fetch"], "rma_s": rma,
@@ -71,7 +71,7 @@ def one_run(parts: str, run_dir: str, a, policy: str, gets: str, wrapper: list[s
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", type=int, default=4)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=0, help="seeds per trainer per minibatch (0: the default)")
     ap.add_argument("--policies", default="none,lookahead", help=f"comma-separated, of {', '.join(POLICY_FLAGS)}")

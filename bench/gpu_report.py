@@ -4,7 +4,7 @@
 
 Per run (``rudder.analysis.summary``, the figures of ``rudder.analyze``): device, policy, the
 gradient allreduce's path, final test accuracy, epoch time (the slowest trainer's, median over
-epochs 2..E) and its breakdown in seconds per epoch, trainer mean: sample, fetch (feature
+the steady epochs, rudder.logs.metrics) and its breakdown in seconds per epoch, trainer mean: sample, fetch (feature
 assembly), copy (blocks and inputs onto the device), compute (forward and backward), allreduce
 (with the part spent staging gradients through host memory), update; and the share of the epoch
 the training thread, and with it the GPU, waited for inputs. Then, per dataset: whether each

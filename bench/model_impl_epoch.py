@@ -6,7 +6,7 @@
 Each repetition runs the real driver (``mpiexec -n RANKS python drivers/train.py``) once with each
 layer, alternating which goes first, on Facebook Page-Page (when ../shared/data has it) and on
 RMAT-16 with 128 features; everything else is equal, down to the losses. Epoch time is the
-slowest trainer's, median over epochs 2..E; the ratio torch / DGL is taken per repetition and its
+slowest trainer's, median over the steady epochs; the ratio torch / DGL is taken per repetition and its
 median printed, with the training thread's forward+backward seconds per epoch beside it.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def measure(parts: str, run_dir: str, ranks: int, impl: str, a) -> tuple[float, 
     train_job(parts, run_dir, ranks, 1, ["--model-impl", impl, "--epochs", str(a.epochs), "--batch-size", str(a.batch_size)])
     run = load_run(run_dir)
     epochs = [r.epochs for r in run.ranks]
-    timed = metrics.timed_epochs(metrics.complete_epochs(epochs))
+    timed = metrics.run_timed_epochs(epochs)
     compute = metrics.per_epoch_mean([r.minibatches for r in run.ranks], "t_forward_backward", timed) / len(run.ranks)
     return metrics.run_epoch_time(epochs), compute
 
@@ -37,7 +37,7 @@ def measure(parts: str, run_dir: str, ranks: int, impl: str, a) -> tuple[float, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "rudder-bench-parts"))

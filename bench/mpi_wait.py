@@ -1,7 +1,7 @@
 """How trainers wait for MPI, side by side: ``--mpi-wait spin`` against ``yield`` (rudder.comm.waiting),
 each policy's runs alternating between the two, behind a shaped network (python -m rudder.netem),
 every trainer an emulated node. Prints each run's epoch time (the slowest trainer's, median of
-epochs 2..E) and the host's CPU busy and system shares over the job, then yield / spin per
+the steady epochs, rudder.logs.metrics) and the host's CPU busy and system shares over the job, then yield / spin per
 policy (medians over the repetitions); writes the figures as JSON with ``--out``.
 
     python bench/mpi_wait.py --dataset rmat16 --ranks 4 --rate 250mbit --policies none-serial,none,lookahead
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--rate", default="250mbit")
     ap.add_argument("--links", default="shared", choices=("shared", "per-node"))
     ap.add_argument("--policies", default="none-serial,none,lookahead")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--fraction", type=float, default=0.25)
     ap.add_argument("--reps", type=int, default=1)

@@ -8,8 +8,8 @@ under Belady MIN with the same capacity and admissible set (rudder.analysis.boun
 should be within 2% of MIN. Pipelining: the share of the no-overlap run's feature-assembly
 time that overlap hides = (epoch no-overlap - epoch overlap) / assembly time no-overlap.
 
-Rows = remote feature rows fetched (misses + refills), summed over trainers, mean of epochs
-2..E; epoch time = slowest trainer, median of epochs 2..E.
+Rows = RMA feature rows fetched, summed over trainers, mean of the steady epochs; epoch time =
+slowest trainer, median of the steady epochs (both as rudder.logs.metrics defines them).
 
     python bench/policies.py [--ranks 8] [--epochs 5] [--batch-size 256] [--rmat-scale 16]
 """
@@ -36,21 +36,24 @@ def train(parts: str, run: str, ranks: int, a, flags: list[str]) -> list[h5py.Fi
 
 def figures(logs) -> dict:
     mb = [f["minibatches"][()] for f in logs]
-    ep = np.stack([f["epochs"][()] for f in logs])[:, 1:]
-    later = [t[t["epoch"] >= 1] for t in mb]
-    epochs = ep.shape[1]
-    return {"rows": sum(int(t["rows_rma"].sum()) for t in later) / epochs,
-            "epoch_s": float(np.median(ep["seconds"].max(axis=0))),
+    tables = [f["epochs"][()] for f in logs]
+    timed = metrics.run_timed_epochs(tables)
+    if not timed:
+        raise SystemExit(f"bench/policies.py: {metrics.run_too_short(tables)}")
+    ep = np.stack([t[np.isin(t["epoch"], timed)] for t in tables])
+    return {"rows": metrics.per_epoch_mean(mb, "rows_rma", timed),
+            "epoch_s": metrics.run_epoch_time(tables),
             "assembly_s": float(np.median(ep["t_fetch"].mean(axis=0))),
             "hit_pct": metrics.hit_percent(sum(int(t["hits"].sum()) for t in mb), sum(int(t["misses"].sum()) for t in mb))}
 
 
-def min_rows(logs, parts: str, fraction: float, epochs: int) -> float:
-    """Belady MIN over each trainer's traced remote inputs, epochs 2..E (the buffer warm from epoch 1)."""
+def min_rows(logs, parts: str, fraction: float) -> float:
+    """Belady MIN over each trainer's traced remote inputs, per steady epoch (the buffer warm from epoch 1)."""
     from rudder.analysis.bound import belady_min
     from rudder.data.partition_store import PartitionMeta, read_partition
 
     meta = PartitionMeta.load(parts)
+    timed = metrics.run_timed_epochs([f["epochs"][()] for f in logs])
     total = 0
     for rank, f in enumerate(logs):
         offsets, values = f["trace_remote_inputs/offsets"][()], f["trace_remote_inputs/values"][()]
@@ -58,8 +61,8 @@ def min_rows(logs, parts: str, fraction: float, epochs: int) -> float:
         halo = np.sort(read_partition(parts, rank, meta, structure=False).halo_nodes)
         result = belady_min(trace, halo, int(np.floor(fraction * halo.size)))
         epoch = f["minibatches"]["epoch"][()]
-        total += int(result["per_minibatch"][epoch >= 1].sum())
-    return total / (epochs - 1)
+        total += int(result["per_minibatch"][np.isin(epoch, timed)].sum())
+    return total / len(timed)
 
 
 def main() -> int:
@@ -73,7 +76,7 @@ def main() -> int:
     a = ap.parse_args()
     datasets = bench_datasets(a.rmat_scale, feat_dim=128)
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; {a.ranks} ranks (each its own node), {a.epochs} epochs, "
-          f"batch {a.batch_size}/trainer; rows = remote rows fetched per epoch (all trainers), epochs 2..{a.epochs}")
+          f"batch {a.batch_size}/trainer; rows = remote rows fetched per epoch (all trainers), steady epochs")
     for name, spec in datasets.items():
         parts = cached_partition(spec, a.ranks, os.path.join(a.work, f"{name}-{a.ranks}"))
         t = time.time()
@@ -94,7 +97,7 @@ def main() -> int:
                              ["--policy", policy, "--buffer-fraction", str(fraction), *flags])
                 r = figures(logs)
                 if policy == "lookahead":
-                    best = min_rows(logs, parts, fraction, a.epochs)
+                    best = min_rows(logs, parts, fraction)
                 ratio_min = f"{r['rows'] / best:7.3f}" if best else f"{'':>7}"
                 print(f"{fraction:>5} {policy:<10} {r['rows']:>11,.0f} {r['rows'] / none['rows']:>7.3f} {r['epoch_s']:>8.3f} "
                       f"{r['epoch_s'] / none['epoch_s']:>7.3f} {r['hit_pct']:>7.1f} {ratio_min}", flush=True)

@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--links", default="shared", choices=("shared", "per-node"))
     ap.add_argument("--policies", default="none-serial,none,fixed,lookahead")
     ap.add_argument("--datasets", default="", help="comma-separated subset of facebook,rmat16 (default: both)")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--runs-only", action="store_true", help="run the jobs, calibrate and validate nothing")
     a = ap.parse_args()
     ranks, common = 4, ["--epochs", str(a.epochs), "--hidden", "16", "--batch-size", "256", "--fanouts", "10,25",

@@ -7,7 +7,7 @@ Grid: Cora, CiteSeer and Facebook Page-Page (the last two when ../shared/data ha
 and an SBM graph (the specs and batch sizes of bench/grids/full.toml), partitioned with METIS
 into 2, 4 and 8 (one trainer each), buffer fractions 0.05 and 0.25, fanouts 10,25 (the default)
 and 5,10,15 (3 layers), 3 epochs. Rows = remote feature rows fetched per epoch (misses; a static
-buffer refills nothing), all trainers, mean of epochs 2..3 (``rudder.logs.metrics``); fill = the
+buffer refills nothing), all trainers, mean of the steady epochs (``rudder.logs.metrics``); fill = the
 rows the initial fill read once. vip/deg < 1: VIP fetches fewer. "vip remote": VIP with
 ``--buffer-scope remote`` (the same B slots, chosen among all remote nodes, where in-degree is
 known for the halo only: a static degree fill is the same whatever the scope).
@@ -70,7 +70,7 @@ def cost(name: str, parts: str, ranks: int, batch: int, label: str, workdir: str
     from rudder.logs.metrics import run_epoch_time
 
     run = os.path.join(workdir, f"cost-{name}-{ranks}-{label.replace(',', '-')}")
-    paths = train_job(parts, run, ranks, ranks, ["--policy", "static", "--buffer-init", "vip", "--epochs", "2",
+    paths = train_job(parts, run, ranks, ranks, ["--policy", "static", "--buffer-init", "vip", "--epochs", "4",
                                                  "--batch-size", str(batch), "--fanouts", label])
     logs = [h5py.File(path, "r", locking=False) for path in paths]
     info = [json.loads(f.attrs["run"]) for f in logs]
@@ -89,7 +89,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", default="/tmp/rudder-bench-vip", help="where the partitions are kept between runs")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--parts", default="2,4,8")
     ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--cost", action="store_true", help="measure the start-up cost of VIP in real runs instead")

@@ -60,6 +60,21 @@ def run_train(ranks: int, *args, timeout=300, env=None):
                           env=dict(os.environ, **(env or {})))
 
 
+def run_trains(ranks: int, jobs: list, workdir, timeout=600, env=None):
+    """Several training jobs of ``ranks`` ranks in one launch (tests/mpi_scripts/train_many.py):
+    ``jobs``, a list of argument lists as ``run_train`` takes them, run one after another in the
+    same processes. A check of each job's logs is a check of that job, as launched alone; only
+    the start-up's imports are paid once."""
+    import json
+
+    path = os.path.join(str(workdir), f"jobs-{len(os.listdir(str(workdir)))}.json")
+    with open(path, "w") as f:
+        json.dump([[str(a) for a in args] for args in jobs], f)
+    return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, os.path.join(REPO, "tests", "mpi_scripts",
+                                                                                       "train_many.py"), path],
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
 def read_logs(run_dir) -> list[dict]:
     """Every rank's log in RUN_DIR, in rank order, read by the library's reader
     (``rudder.logs.reader``): ``attrs`` (JSON ones parsed), ``layout``, ``run``, ``role``,

@@ -9,7 +9,7 @@ from collections import deque
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, read_logs, run_train
+from conftest import BUNDLED_CORA, read_logs, run_train, run_trains
 
 from rudder.agent.deciders.base import TrainerContext
 from rudder.agent.deciders.heuristic import Heuristic
@@ -37,8 +37,16 @@ def train(parts, run, ranks, *flags, epochs=4):
     return logs_by_rank(run)
 
 
-def test_agents_serve_their_own_node_and_decisions_apply_where_logged(parts, tmp_path):
-    logs = train(parts, str(tmp_path / "heuristic"), 6, "--policy", "heuristic")
+@pytest.fixture(scope="module")
+def heuristic(parts, tmp_path_factory):
+    """The heuristic run of 4 trainers and an agent rank per node, which two tests read: (its
+    directory, its logs by rank)."""
+    run = str(tmp_path_factory.mktemp("heuristic") / "run")
+    return run, train(parts, run, 6, "--policy", "heuristic")
+
+
+def test_agents_serve_their_own_node_and_decisions_apply_where_logged(parts, heuristic, tmp_path):
+    logs = heuristic[1]
     base = train(parts, str(tmp_path / "none"), 4, "--policy", "none")
     agents = {r: e for r, e in logs.items() if e["role"] == "agent"}
     trainers = {r: e for r, e in logs.items() if e["role"] == "trainer"}
@@ -119,8 +127,12 @@ def test_the_collective_transport_answers_a_node_at_agreed_windows_without_block
 
 def test_p2p_and_collective_make_the_same_decisions_under_a_fixed_latency(parts, tmp_path):
     # windows of one minibatch: a trainer is due at the same minibatches over both transports
-    runs = {t: train(parts, str(tmp_path / t), 6, "--policy", "heuristic", "--agent-transport", t, "--agent-latency", "3")
-            for t in ("p2p", "collective")}
+    proc = run_trains(6, [["--data", parts, "--run-dir", tmp_path / t, "--epochs", "4", "--batch-size", "8", "--eval-every",
+                           "0", "--progress", "none", "--delta", "1", "--policy", "heuristic", "--agent-transport", t,
+                           "--agent-latency", "3"] for t in ("p2p", "collective")], tmp_path,
+                      env={"MPIR_CVAR_NUM_CLIQUES": "2"})  # both in one launch
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {t: logs_by_rank(tmp_path / t) for t in ("p2p", "collective")}
     def by_request(table, columns):  # the agents log in the order they decide: p2p one at a time, collective by pass
         return table[np.lexsort((table["request"], table["trainer"]))][list(columns)]
 
@@ -166,9 +178,9 @@ def test_heuristic_rules():
     assert h.decide(context(flat, hitrate=0)).decision == KEEP  # evictions changed nothing
 
 
-def test_replay_repeats_a_runs_replacements_without_an_agent(parts, tmp_path):
-    original = train(parts, str(tmp_path / "heuristic"), 6, "--policy", "heuristic")
-    replay = train(parts, str(tmp_path / "replay"), 4, "--policy", "replay", "--replay", str(tmp_path / "heuristic"))
+def test_replay_repeats_a_runs_replacements_without_an_agent(parts, heuristic, tmp_path):
+    original = heuristic[1]
+    replay = train(parts, str(tmp_path / "replay"), 4, "--policy", "replay", "--replay", heuristic[0])
     assert sorted(replay) == [0, 1, 2, 3]  # no agent ranks
     for rank, t in replay.items():
         a, b = original[rank]["minibatches"], t["minibatches"]

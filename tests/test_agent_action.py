@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, mpiexec, read_logs, run_train
+from conftest import BUNDLED_CORA, REPO, mpiexec, read_logs, run_train, run_trains
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -420,6 +420,13 @@ def train(parts, run, ranks, *flags):
     return read_logs(run)
 
 
+def train_all(parts, ranks, runs: dict, workdir) -> dict:
+    """``runs``: {run directory: flags}, trained one after another in one launch: {run directory: logs}."""
+    proc = run_trains(ranks, [["--data", parts, "--run-dir", run, *COMMON, *flags] for run, flags in runs.items()], workdir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return {run: read_logs(run) for run in runs}
+
+
 def losses(logs):
     return [log["minibatches"]["loss"] for log in logs if log["role"] == "trainer"]
 
@@ -447,9 +454,11 @@ def test_every_budget_and_window_trains_as_without_a_buffer(parts, no_buffer, tm
                 "windows": ("--policy", "tuner", "--agent-action", "structured", "--agent-buffer", "window")}
     if trainers == 2:
         variants["heuristic"] = ("--policy", "heuristic", "--agent-action", "structured")
-    for name, flags in variants.items():
+    trained = train_all(parts[trainers], trainers + 1, {str(tmp_path / name): flags for name, flags in variants.items()},
+                        tmp_path)
+    for name in variants:
         run = str(tmp_path / name)
-        logs = train(parts[trainers], run, trainers + 1, *flags)
+        logs = trained[run]
         for mine, theirs in zip(losses(logs), base):
             np.testing.assert_array_equal(mine, theirs)  # bit for bit
         agent = next(log for log in logs if log["role"] == "agent")
@@ -479,9 +488,11 @@ def test_a_fixed_refill_budget_bounds_every_replacement_and_trains_as_without_a_
     from rudder.sim.validate import validate
 
     base = no_buffer(trainers)
-    unbounded = train(parts[trainers], str(tmp_path / "fixed"), trainers, "--policy", "fixed", "--delta", "8")
     run = str(tmp_path / "fixed-budget")
-    logs = train(parts[trainers], run, trainers, "--policy", "fixed", "--delta", "8", "--refill-budget", "0.25")
+    trained = train_all(parts[trainers], trainers, {str(tmp_path / "fixed"): ("--policy", "fixed", "--delta", "8"),
+                                                    run: ("--policy", "fixed", "--delta", "8", "--refill-budget", "0.25")},
+                        tmp_path)
+    unbounded, logs = trained[str(tmp_path / "fixed")], trained[run]
     for mine, theirs in zip(losses(logs), base):
         np.testing.assert_array_equal(mine, theirs)  # bit for bit
     cut = 0

@@ -33,6 +33,11 @@ def runs(tmp_path_factory):
                          "--eval-every", "2", "--trace", "--progress", "none", *action, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[policy] = run
+    # a pipeline 3 deep: 4 minibatches of run-ahead over 3 an epoch reach 2 epochs at each end
+    out["deep"] = str(base / "deep")
+    proc = run_train(4, "--data", parts, "--run-dir", out["deep"], "--prefetch-depth", "3", "--epochs", "6",
+                     "--eval-every", "0", "--progress", "none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
 
@@ -57,21 +62,26 @@ def test_figures_equal_the_raw_rows(runs):
     from rudder.logs.reader import load_run
 
     for policy, run in runs.items():
+        if policy == "deep":
+            continue
         s = summarize(load_run(run))
         tables = raw(run)
         mb = np.concatenate([t[0] for t in tables])
         seconds = np.max([t[1]["seconds"] for t in tables], axis=0)
         assert s["epochs"]["count"] == 4 and s["status"] == "completed" and not s["warnings"]
         assert s["epochs"]["train_seconds"] == pytest.approx(seconds.sum())
-        # per-epoch figures over the timed epochs, 2..4 (the first warms up)
-        assert s["epochs"]["median_seconds"] == pytest.approx(np.median(seconds[1:]))
-        assert s["epochs"]["mean_seconds"] == pytest.approx(np.mean(seconds[1:]))
-        later = [t[0][t[0]["epoch"] >= 1] for t in tables]
-        assert s["time_breakdown"]["t_fetch"] == pytest.approx(np.mean([t["t_fetch"].sum() for t in later]) / 3)
+        # per-epoch figures over the steady epochs, 2..3 (the first warms up, the last starts with
+        # minibatches the pipeline prepared in the third: 3 steps an epoch, 2 minibatches of run-ahead)
+        assert s["epochs"]["timed"] == [1, 2] and s["epochs"]["steady"] == "2..3"
+        assert s["epochs"]["median_seconds"] == pytest.approx(np.median(seconds[1:3]))
+        assert s["epochs"]["mean_seconds"] == pytest.approx(np.mean(seconds[1:3]))
+        assert (s["epochs"]["min_seconds"], s["epochs"]["max_seconds"]) == (seconds[1:3].min(), seconds[1:3].max())
+        later = [t[0][(t[0]["epoch"] >= 1) & (t[0]["epoch"] <= 2)] for t in tables]
+        assert s["time_breakdown"]["t_fetch"] == pytest.approx(np.mean([t["t_fetch"].sum() for t in later]) / 2)
         timed = np.concatenate(later)
         # the threads' CPU seconds: per trainer per epoch, and as a share of the same work's wall seconds
         cpu = s["cpu"]
-        assert cpu["cpu_compute"] == pytest.approx(timed["cpu_compute"].sum() / 3 / 4)  # 3 timed epochs, 4 trainers
+        assert cpu["cpu_compute"] == pytest.approx(timed["cpu_compute"].sum() / 2 / 4)  # 2 timed epochs, 4 trainers
         assert cpu["cpu_sample_of_wall"] == pytest.approx(timed["cpu_sample"].sum() / timed["t_sample"].sum())
         assert cpu["cpu_compute_of_wall"] == pytest.approx(
             timed["cpu_compute"].sum() / (timed["t_forward_backward"] + timed["t_update"]).sum())
@@ -80,8 +90,8 @@ def test_figures_equal_the_raw_rows(runs):
             for c in ("cpu_sample", "cpu_fetch", "cpu_copy", "cpu_compute"):
                 assert epochs[c] == pytest.approx([minibatches[c][minibatches["epoch"] == e].sum() for e in range(4)])
         assert s["traffic"]["remote_rows_fetched_per_epoch"] == pytest.approx(
-            (timed["input_remote"] - timed["hits"] + timed["refills"]).sum() / 3)
-        assert s["traffic"]["rma_bytes_per_epoch"] == pytest.approx(timed["bytes_rma"].sum() / 3)
+            (timed["input_remote"] - timed["hits"] + timed["refills"]).sum() / 2)
+        assert s["traffic"]["rma_bytes_per_epoch"] == pytest.approx(timed["bytes_rma"].sum() / 2)
         fetched = (mb["input_remote"] - mb["hits"] + mb["refills"]).sum()
         assert (s["buffer"]["hits"], s["buffer"]["refills"], s["buffer"]["comm_volume"]) == (
             mb["hits"].sum(), mb["refills"].sum(), mb["comm_volume"].sum())
@@ -166,6 +176,72 @@ def test_the_epoch_time_by_hand():
     assert epoch_time([], epoch_phases([], [])) is None  # a run stopped before its first epoch has no rows
     with pytest.raises(ValueError, match="7 epochs' seconds against 6 phases"):
         epoch_time(seconds, [0] * 6)
+
+
+def test_the_steady_epochs_by_hand():
+    """The first and the last epoch are not steady (warm-up; the run-ahead's credit), more where the
+    pipeline runs ahead further than an epoch; a run without enough steady epochs has no figure."""
+    from rudder.logs.metrics import epochs_needed, pipeline_reach, run_ahead, timed_epochs, too_short
+
+    assert run_ahead(1, 0) == 2 and run_ahead(1, 4) == 6 and run_ahead(0, 0) == 0 and run_ahead(0, 4) == 4
+    assert [pipeline_reach(a, 4) for a in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3] and pipeline_reach(-1, 4) == 1
+    assert timed_epochs(list(range(5))) == [1, 2, 3] and timed_epochs(list(range(6)), reach=2) == [2, 3]
+    assert timed_epochs(list(range(4)), reach=0) == [1, 2, 3]  # no run-ahead: the last is steady
+    assert timed_epochs(list(range(3))) == [] and epochs_needed(1) == 4 and epochs_needed(2) == 6
+    assert too_short(list(range(4))) is None
+    assert too_short(list(range(3))) == ("too short for an epoch time: 3 complete epochs, the steady state needs at "
+                                         "least 4 (the first 1 and the last 1 are not steady)")
+
+
+def test_a_last_epoch_shortened_by_run_ahead_is_not_the_figure():
+    """A log written for the test: the last epoch starts with minibatches the pipeline fetched in the
+    epoch before (the issue's lookahead run: 11.36, 9.66, 8.57 s, then steady epochs around 9.6 s)."""
+    from rudder.logs.metrics import run_epoch_time, run_steady_text, run_timed_epochs, run_too_short
+    from rudder.logs.schema import EPOCH_ROW
+
+    def trainer(seconds, run_ahead=2, steps=14):
+        rows = np.zeros(len(seconds), EPOCH_ROW)
+        rows["epoch"], rows["seconds"], rows["complete"], rows["steps"] = range(len(seconds)), seconds, 1, steps
+        rows["run_ahead"] = run_ahead
+        return rows
+
+    slow, fast = [11.36, 9.66, 9.58, 9.71, 8.57], [11.0, 9.5, 9.6, 9.5, 8.4]
+    tables = [trainer(slow), trainer(fast)]
+    assert run_timed_epochs(tables) == [1, 2, 3] and run_epoch_time(tables) == 9.66  # not 9.62 with the last
+    assert run_steady_text(tables) == "2..4"
+    deep = [trainer(slow, run_ahead=16), trainer(fast, run_ahead=16)]  # 16 minibatches ahead: 2 epochs at each end
+    assert run_timed_epochs(deep) == [] and run_epoch_time(deep) is None and "needs at least 6" in run_too_short(deep)
+    older = [trainer(slow, run_ahead=-1)]  # a log from before the column: one epoch at each end
+    assert run_timed_epochs(older) == [1, 2, 3]
+    assert run_epoch_time([t[:3] for t in tables]) is None and "3 complete epochs" in run_too_short([t[:3] for t in tables])
+
+
+def test_a_deep_pipeline_times_its_steady_epochs_and_a_short_run_says_so(runs, tmp_path):
+    """A real run whose pipeline runs ahead more than an epoch: its epoch time is over the epochs
+    neither end's run-ahead touches. Cut to its first 5 epochs it is too short, and the table says so."""
+    from rudder.analysis.summary import summarize
+    from rudder.logs.reader import load_run
+
+    s = summarize(load_run(runs["deep"]))
+    tables = raw(runs["deep"])
+    assert all((t[1]["steps"] == 3).all() and (t[1]["run_ahead"] == 4).all() for t in tables)
+    seconds = np.max([t[1]["seconds"] for t in tables], axis=0)
+    assert s["epochs"]["timed"] == [2, 3] and s["epochs"]["median_seconds"] == pytest.approx(np.median(seconds[2:4]))
+    short = tmp_path / "short"
+    shutil.copytree(runs["deep"], short)
+    for path in glob.glob(str(short / "rank-*.h5")):
+        with h5py.File(path, "r+") as f:
+            kept = f["epochs"][()][:5]
+            del f["epochs"]
+            f.create_dataset("epochs", data=kept, maxshape=(None,), chunks=True)
+    s = summarize(load_run(str(short)))
+    assert s["epochs"]["median_seconds"] is None and s["epochs"]["timed"] == []
+    assert s["epochs"]["steady"].startswith("too short for an epoch time: 5 complete epochs, the steady state needs at least 6")
+    proc = analyze(short)
+    assert proc.returncode == 0, proc.stderr
+    steady = next(line for line in proc.stdout.splitlines() if line.startswith("steady epochs"))
+    assert "too short for an epoch time" in steady
+    assert next(line for line in proc.stdout.splitlines() if line.startswith("epoch time s")).split()[-1] == "-"
 
 
 def test_the_median_interval_by_hand():

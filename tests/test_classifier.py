@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from classifier_checks import held_out_accuracy
-from conftest import BUNDLED_CORA, REPO, read_logs, run_train
+from conftest import BUNDLED_CORA, REPO, read_logs, run_train, run_trains
 
 pytest.importorskip("sklearn", reason="scikit-learn is not installed (pip install -e '.[test]')")
 pytest.importorskip("xgboost", reason="xgboost-cpu is not installed")
@@ -111,14 +111,23 @@ def test_training_writes_all_five_models_and_a_report(models):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("kind", list(MODELS))
-def test_each_model_steers_a_run_with_the_features_it_was_trained_on(kind, models, parts, tmp_path):
+@pytest.fixture(scope="module")
+def steered(models, parts, tmp_path_factory):
+    """A run steered by each model, the five in one launch (one job after another): {kind: run directory}."""
     out, _ = models
-    run = str(tmp_path / "run")
-    proc = run_train(3, "--data", parts, "--run-dir", run, "--policy", "classifier", "--classifier-model",
-                     os.path.join(out, MODELS[kind]), "--epochs", "3", "--agent-latency", "1", *COMMON)
+    base = tmp_path_factory.mktemp("steered")
+    runs = {kind: str(base / kind) for kind in MODELS}
+    proc = run_trains(3, [["--data", parts, "--run-dir", runs[kind], "--policy", "classifier", "--classifier-model",
+                           os.path.join(out, MODELS[kind]), "--epochs", "3", "--agent-latency", "1", *COMMON]
+                          for kind in MODELS], base)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    logs = read_logs(run)
+    return runs
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_each_model_steers_a_run_with_the_features_it_was_trained_on(kind, models, steered):
+    out, _ = models
+    logs = read_logs(steered[kind])
     agent = next(r for r in logs if r["role"] == "agent")
     d = agent["decisions"]
     # every request answered by the model (with --agent-latency the trainer waits for it)

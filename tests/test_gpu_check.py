@@ -24,7 +24,7 @@ def test_prepare_and_run_on_cora(tmp_path):
     assert prepared.returncode == 0, prepared.stdout + prepared.stderr
     assert os.path.isfile(tmp_path / "check" / "parts" / "cora4" / "metadata.json")
     out = tmp_path / "out"
-    proc = script("--epochs", "2", "--out", str(out), "--runs", str(tmp_path / "runs"))
+    proc = script("--epochs", "4", "--out", str(out), "--runs", str(tmp_path / "runs"))  # 4: an epoch time (2 steady)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     devices = ["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"]
     if devices == ["cpu"]:

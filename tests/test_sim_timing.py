@@ -126,11 +126,11 @@ def test_yielding_threads_share_the_cores_only_while_busy():
     assert timing.yielding_slowdown(m, 4, 1, 0.0, timing.PerThread(0.0, 0.0)) == timing.PerThread(1.0, 2.0)
     assert timing.yielding_slowdown(m, 4, 1, 0.0, timing.PerThread(0.5, 0.25)) == timing.PerThread(1.75, 3.0)
     assert timing.yielding_slowdown(m, 4, 0, 0.0, timing.PerThread(0.0, 0.0)) == timing.contention(m, 4, 0)
-    epoch_of = np.repeat(np.arange(3), 10)
+    epoch_of = np.repeat(np.arange(4), 10)  # 4 epochs: 2 steady ones (rudder.logs.metrics)
     for cpu, link_bytes, bound in ((0.5, 1.0, "link"), (1.0, 0.0, "cpu")):
-        sampled, fetched = _steps(4, 30, cpu, link_bytes)
-        spun = timing.modelled_epoch(m, sampled, fetched, 1, 1, 0.0, epoch_of, 3, 0.0, "spin")
-        out = timing.modelled_epoch(m, sampled, fetched, 1, 1, 0.0, epoch_of, 3, 0.0, "yield")
+        sampled, fetched = _steps(4, 40, cpu, link_bytes)
+        spun = timing.modelled_epoch(m, sampled, fetched, 1, 1, 0.0, epoch_of, 4, 0.0, "spin")
+        out = timing.modelled_epoch(m, sampled, fetched, 1, 1, 0.0, epoch_of, 4, 0.0, "yield")
         assert spun["slowdown"] == timing.contention(m, 4, 1) and out["seconds"] <= spun["seconds"] + 1e-9
         work = timing.step_costs(m, sampled, fetched, 1, 1, 0.0, out["slowdown"])["work"]
         busy = timing.busy_shares(work, out["slowdown"], 4, sum(out["per_epoch"]))
@@ -142,7 +142,7 @@ def test_yielding_threads_share_the_cores_only_while_busy():
             # moving bytes and yielding waits take CPU too: a higher slowdown, a longer epoch, in either mode
             busier = dataclasses.replace(m, byte_cpu=0.05, wait_cpu=0.1)
             for mode, base in (("spin", spun), ("yield", out)):
-                more = timing.modelled_epoch(busier, sampled, fetched, 1, 1, 0.0, epoch_of, 3, 0.0, mode)
+                more = timing.modelled_epoch(busier, sampled, fetched, 1, 1, 0.0, epoch_of, 4, 0.0, mode)
                 assert more["slowdown"].train > base["slowdown"].train and more["seconds"] > base["seconds"]
         else:  # preparing takes as long as training, with nothing to wait for: every thread busy, as spinning
             assert out["seconds"] == pytest.approx(spun["seconds"], rel=0.03)  # less the pipeline's start

@@ -60,7 +60,7 @@ def test_eight_real_ranks_are_reproduced_exactly_and_a_changed_log_is_caught(cor
 
 def test_the_cli_reports_every_policy_with_modelled_times(cora8, tmp_path):
     out = tmp_path / "sim.json"
-    proc = simulate("--data", cora8, "--epochs", "3", "--batch-size", "8", "--policies",
+    proc = simulate("--data", cora8, "--epochs", "4", "--batch-size", "8", "--policies",
                     "none,static,fixed,lookahead,heuristic,f1=fixed:delta=1,slow=heuristic:agent_latency=4",
                     "--feat-dim", "512", "--out", out, "--workers", "2")
     assert proc.returncode == 0, proc.stderr
@@ -81,7 +81,7 @@ def test_the_cli_reports_every_policy_with_modelled_times(cora8, tmp_path):
     assert "rows/epoch" in proc.stdout and "heuristic" in proc.stdout
 
     # the same partitions and seed give the same rows with or without worker processes
-    again = simulate("--data", cora8, "--epochs", "3", "--batch-size", "8", "--policies", "none,fixed", "--machine",
+    again = simulate("--data", cora8, "--epochs", "4", "--batch-size", "8", "--policies", "none,fixed", "--machine",
                      "none", "--workers", "1", "--out", tmp_path / "one.json")
     assert again.returncode == 0, again.stderr
     one = json.loads((tmp_path / "one.json").read_text())["policies"]
@@ -95,7 +95,7 @@ def test_a_global_vip_fill_applies_where_a_buffer_fills_once(cora8, tmp_path):
     none and lookahead keep theirs; asking vip of lookahead itself is an error."""
     runs = {}
     for init in ("degree", "vip"):
-        proc = simulate("--data", cora8, "--epochs", "2", "--batch-size", "8", "--policies", "none,static,fixed,lookahead",
+        proc = simulate("--data", cora8, "--epochs", "4", "--batch-size", "8", "--policies", "none,static,fixed,lookahead",
                         "--buffer-init", init, "--machine", "none", "--workers", "1", "--out", tmp_path / f"{init}.json")
         assert proc.returncode == 0, proc.stderr
         runs[init] = json.loads((tmp_path / f"{init}.json").read_text())["policies"]
@@ -112,6 +112,7 @@ def test_a_global_vip_fill_applies_where_a_buffer_fills_once(cora8, tmp_path):
     (["--policies", "fixed:delta"], "is not FLAG=VALUE"),
     (["--buffer-fraction", "2"], "--buffer-fraction 2.0: expected a fraction"),
     (["--agent-latency", "0"], "--agent-latency 0"),
+    (["--epochs", "3"], "--epochs 3: too short for an epoch time: 3 complete epochs, the steady state needs at least 4"),
 ])
 def test_bad_input_is_one_line(cora8, args, expected):
     proc = simulate("--data", cora8, *args)
@@ -140,6 +141,7 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     from rudder.sim.validate import validate_run
     from rudder.train.config import ConfigError
 
+    # without overlap no epoch is shortened by run-ahead: epochs 2..3 are steady (rudder.logs.metrics)
     flags = ("--epochs", "3", "--batch-size", "16", "--seed", "1", "--eval-every", "0", "--progress", "none")
     local = str(tmp_path / "local")
     proc = run_train(2, "--data", cora2, "--run-dir", local, "--no-overlap", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "1"})
@@ -225,7 +227,8 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     shaped = str(tmp_path / "shaped")
     os.makedirs(shaped)
     proc = subprocess.run([sys.executable, "-m", "rudder.netem", "--rate", "250mbit", "--stats", f"{shaped}/netem.json",
-                           "--", *train_command(2, "--data", cora2, "--run-dir", shaped, "--overwrite", *flags)],
+                           "--", *train_command(2, "--data", cora2, "--run-dir", shaped, "--overwrite", *flags,
+                                                "--epochs", "4")],  # overlapped: the last epoch is not steady
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     ok = simulate("--validate", shaped, "--machine", profile, "--workers", "1")

@@ -14,7 +14,7 @@ import time
 import h5py
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, SHARED_DATA, mpiexec, run_train, shared_dataset, train_command
+from conftest import BUNDLED_CORA, REPO, SHARED_DATA, mpiexec, run_train, run_trains, shared_dataset, train_command
 from conftest import read_logs as logs
 
 CORA_SHARED = os.path.join(SHARED_DATA, "planetoid", "ind.cora.graph")
@@ -81,12 +81,13 @@ def test_accuracy_matches_single_process_dgl_and_runs_reproduce(cora4, cora_impl
     from sage_reference import train_reference
 
     accuracies, runs = [], {"a": cora_impls[0]["torch"]}  # seed 0, the default layer
-    for name, seed in (("a", 0), ("b", 0), ("c", 1), ("d", 2)):
-        run = str(tmp_path / name)
+    seeds = {"b": 0, "c": 1, "d": 2}  # in one launch, one job after another
+    proc = run_trains(4, [["--data", cora4, "--run-dir", tmp_path / name, "--seed", seed, *CORA_RUN]
+                          for name, seed in seeds.items()], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("a", "b", "c", "d"):
         if name != "a":
-            proc = run_train(4, "--data", cora4, "--run-dir", run, "--seed", seed, *CORA_RUN)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            runs[name] = logs(run)
+            runs[name] = logs(tmp_path / name)
         assert len(runs[name]) == 4 and all(f["attrs"]["status"] == "completed" for f in runs[name])
         if name != "b":
             accuracies.append(float(runs[name][0]["epochs"]["test_acc"][-1]))
@@ -111,11 +112,11 @@ def test_accuracy_matches_single_process_dgl_and_runs_reproduce(cora4, cora_impl
 def impl_runs(parts, tmp_path, ranks, *flags):
     """The same training with each GraphSAGE layer: {impl: logs}."""
     runs = {}
+    proc = run_trains(ranks, [["--data", parts, "--run-dir", tmp_path / impl, "--model-impl", impl, *flags]
+                              for impl in ("torch", "dgl")], tmp_path)  # in one launch, torch's first
+    assert proc.returncode == 0, proc.stderr[-3000:]
     for impl in ("torch", "dgl"):
-        run = str(tmp_path / impl)
-        proc = run_train(ranks, "--data", parts, "--run-dir", run, "--model-impl", impl, *flags, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[impl] = logs(run)
+        runs[impl] = logs(tmp_path / impl)
         assert all(f["run"]["model_impl"] == impl for f in runs[impl])
     return runs
 
@@ -177,12 +178,34 @@ def test_only_trainers_import_torch(cora4, tmp_path):
         assert seen == {r: "dgl=False torch=False" for r in range(ranks)}
 
 
+def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
+    """--progress auto: a terminal (a real pseudo-terminal here) gets the bar, a file plain lines."""
+    import io
+    import pty
+
+    from rudder.train.progress import Progress
+
+    leader, follower = pty.openpty()
+    with os.fdopen(follower, "w") as terminal:
+        shown = Progress("auto", 2, 4, stream=terminal)
+        assert shown.mode == "bar" and shown.bar is not None
+        shown.close()
+    os.close(leader)
+    to_file = io.StringIO()
+    plain = Progress("auto", 2, 4, stream=to_file)
+    assert plain.mode == "lines" and plain.bar is None
+    assert Progress("bar", 2, 4, stream=io.StringIO()).mode == "bar"  # asked for, it is drawn anywhere
+
+
 def test_log_contents(cora4, tmp_path):
     run = str(tmp_path / "run")
     proc = run_train(4, "--data", cora4, "--run-dir", run, "--epochs", 3, "--eval-every", 2, "--trace",
-                     "--progress", "lines", env={"MPIR_CVAR_NUM_CLIQUES": "2"})  # two "nodes": real RMA
+                     env={"MPIR_CVAR_NUM_CLIQUES": "2"})  # two "nodes": real RMA
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "epoch 3/3" in proc.stderr and "accuracy" in proc.stdout
+    # --progress auto into a pipe: plain lines, one an epoch, no bar's carriage returns
+    assert "\r" not in proc.stderr and "accuracy" in proc.stdout
+    assert [line.split(":")[0] for line in proc.stderr.splitlines() if line.startswith("epoch ")] == \
+        ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
     files = logs(run)
     for rank, f in enumerate(files):
         config, layout, run_info = (f["attrs"][k] for k in ("config", "layout", "run"))

@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, read_logs, run_train, shared_dataset
+from conftest import BUNDLED_CORA, read_logs, run_train, run_trains, shared_dataset
 
 RUNS = [("none", ["--no-overlap", "--mpi-wait", "yield"]), ("none", []), ("static", []), ("fixed", ["--delta", "2"]),
         ("fixed", ["--delta", "1", "--compat", "massivegnn", "--buffer-init", "empty"]),
@@ -28,11 +28,48 @@ def minibatch_tables(run_dir):
     return [log["minibatches"] for log in logs]
 
 
+def job_args(parts, run, policy, flags, extra):
+    return ["--data", parts, "--run-dir", run, "--policy", policy, *flags, *extra, "--progress", "none", "--eval-every", "0"]
+
+
 def train(ranks, parts, run, policy, flags, extra):
-    proc = run_train(ranks, "--data", parts, "--run-dir", run, "--policy", policy, *flags, *extra,
-                     "--progress", "none", "--eval-every", "0", env={"MPIR_CVAR_NUM_CLIQUES": str(ranks)})
+    proc = run_train(ranks, *job_args(parts, run, policy, flags, extra), env={"MPIR_CVAR_NUM_CLIQUES": str(ranks)})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    check_repairs(run, flags)
     return minibatch_tables(run)
+
+
+def train_all(ranks, jobs, extra, workdir):
+    """``jobs``: (parts, run, policy, flags), trained one after another in one launch: {run: minibatch tables}."""
+    proc = run_trains(ranks, [job_args(parts, run, policy, flags, extra) for parts, run, policy, flags in jobs], workdir,
+                      env={"MPIR_CVAR_NUM_CLIQUES": str(ranks)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = {}
+    for _, run, _, flags in jobs:
+        check_repairs(run, flags)
+        out[run] = minibatch_tables(run)
+    return out
+
+
+def check_repairs(run, flags):
+    """The per-step replica check raises no false alarm; a replica diverged on purpose
+    (``--inject-divergence STEP:TRAINER,...``, the trainer never 0 with 2 trainers: no majority) is
+    found at minibatch STEP + 1, by the step's check or, after an epoch's last update, the epoch's,
+    and repaired from the majority, once, in every trainer's log (the losses then stay bit-identical
+    to the no-buffer run's: checked with every run's)."""
+    from rudder.logs.schema import DIVERGENCE_ACTIONS, DIVERGENCE_CHECKS
+
+    injected = flags[flags.index("--inject-divergence") + 1] if "--inject-divergence" in flags else ""
+    logs = read_logs(run)
+    for log in logs:
+        repairs, steps = log["repairs"], log["run"]["steps_per_epoch"]
+        expected = [(int(step) + 1, trainer) for step, trainer in (pair.split(":") for pair in injected.split(",") if pair)]
+        assert [(int(r["minibatch"]), r["diverged"].decode()) for r in repairs] == expected, run
+        for r, (found, trainer) in zip(repairs, expected):
+            assert DIVERGENCE_ACTIONS[r["action"]] == "repaired" and r["diverged_count"] == 1
+            assert r["majority"] == (len(logs) > 2)  # 1 of 2 trainers is no majority: trainer 0 is the source
+            assert r["source"] == (1 if trainer == "0" else 0) and r["tensors"]
+            assert DIVERGENCE_CHECKS[r["check"]] == ("epoch" if found % steps == 0 else "step")
 
 
 def check_policies(spec, ranks, tmp_path, extra, runs=RUNS, stored_as="float32"):
@@ -47,10 +84,15 @@ def check_policies(spec, ranks, tmp_path, extra, runs=RUNS, stored_as="float32")
     partition_graph(graph, ranks, parts, method="metis", seed=0)
     meta = PartitionMeta.load(parts)
     assert meta.feature_dtype == stored_as and meta.feature_lossless
+    jobs = [(parts, str(tmp_path / f"run{i}"), policy, flags) for i, (policy, flags) in enumerate(runs)]
+    if stored_as != "float32":  # the same graph with float32 storage, no buffer: the same losses (below)
+        partition_graph(graph, ranks, str(tmp_path / "float32"), method="metis", seed=0, feature_dtype="float32")
+        jobs.append((str(tmp_path / "float32"), str(tmp_path / "run-float32"), "none", ["--no-overlap"]))
+    trained = train_all(ranks, jobs, extra, tmp_path)
     results = {}
-    for i, (policy, flags) in enumerate(runs):
+    for i, (_, flags) in enumerate(runs):
         run = str(tmp_path / f"run{i}")
-        results[i] = train(ranks, parts, run, policy, flags, extra)
+        results[i] = trained[run]
         if "--mpi-wait" in flags:  # waiting by spinning or by sleeping changes no loss (checked below)
             assert {log["layout"]["mpi_wait"] for log in read_logs(run)} == {flags[flags.index("--mpi-wait") + 1]}
         compared, mismatches = validate(run)  # the simulator reproduces every minibatch's counts exactly
@@ -59,10 +101,8 @@ def check_policies(spec, ranks, tmp_path, extra, runs=RUNS, stored_as="float32")
             assert (t["bytes_rma"] == t["rows_rma"] * meta.feature_encoding.row_bytes).all()
         assert sum(int(t["rows_rma"].sum()) for t in results[i]) > 0
     base = results[0]
-    if stored_as != "float32":  # the same graph with float32 storage, no buffer: the same losses
-        partition_graph(graph, ranks, str(tmp_path / "float32"), method="metis", seed=0, feature_dtype="float32")
-        results["float32"] = train(ranks, str(tmp_path / "float32"), str(tmp_path / "run-float32"), "none",
-                                   ["--no-overlap"], extra)
+    if stored_as != "float32":
+        results["float32"] = trained[str(tmp_path / "run-float32")]
         for t in results["float32"]:
             assert (t["bytes_rma"] == t["rows_rma"] * 4 * meta.feat_dim).all()
     for i, tables in results.items():
@@ -85,9 +125,13 @@ def check_policies(spec, ranks, tmp_path, extra, runs=RUNS, stored_as="float32")
 
 
 def test_every_policy_on_cora(tmp_path):
-    """(Overlap alone changing no traffic is checked on the evaluation harness's runs.)"""
+    """(Overlap alone changing no traffic is checked on the evaluation harness's runs.) One run has
+    replicas diverge on purpose, 3 minibatches an epoch: trainer 1 after epoch 0's last update (the
+    epoch's check finds it), trainer 2 mid-epoch, trainer 0 (the majority wins), each repaired."""
+    runs = [r for i, r in enumerate(RUNS) if i != 1]
+    runs[2] = ("fixed", [*runs[2][1], "--inject-divergence", "2:1,4:2,7:0"])
     check_policies(f"planetoid:{BUNDLED_CORA}:cora", 4, tmp_path, ["--epochs", "4", "--batch-size", "16"],
-                   runs=[r for i, r in enumerate(RUNS) if i != 1], stored_as="bits")
+                   runs=runs, stored_as="bits")
 
 
 def test_every_policy_on_facebook(tmp_path):
@@ -98,8 +142,10 @@ def test_every_policy_on_facebook(tmp_path):
 
 def test_every_policy_on_rmat_float16(tmp_path):
     """Features rounded to halves (feat_round=float16): auto stores them as float16, exactly."""
+    runs = [RUNS[i] for i in (0, 2, 3, 5, 6, 7, 9)]
+    runs[2] = ("fixed", [*runs[2][1], "--inject-divergence", "1:1"])  # trainer 1 repaired from trainer 0, exactly
     check_policies("synthetic:rmat:scale=11,edge_factor=8,feat_dim=24,classes=4,seed=3,feat_round=float16", 2, tmp_path,
-                   ["--epochs", "2", "--batch-size", "64"], runs=[RUNS[i] for i in (0, 2, 3, 5, 6, 7, 9)], stored_as="float16")
+                   ["--epochs", "2", "--batch-size", "64"], runs=runs, stored_as="float16")
 
 
 def test_vip_fill_on_two_ranks(tmp_path):
@@ -124,9 +170,12 @@ def test_vip_fill_on_one_rank(tmp_path):
 
     parts = str(tmp_path / "parts")
     partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 1, parts, method="metis", seed=0)
+    trained = train_all(1, [(parts, str(tmp_path / "none"), "none", []),
+                            (parts, str(tmp_path / "vip"), "static", ["--buffer-init", "vip"])],
+                        ["--epochs", "2", "--batch-size", "16"], tmp_path)
     tables = {}
-    for name, policy, flags in (("none", "none", []), ("vip", "static", ["--buffer-init", "vip"])):
-        tables[name] = train(1, parts, str(tmp_path / name), policy, flags, ["--epochs", "2", "--batch-size", "16"])
+    for name in ("none", "vip"):
+        tables[name] = trained[str(tmp_path / name)]
         compared, mismatches = validate(str(tmp_path / name))
         assert not mismatches and compared == len(tables[name][0])
     np.testing.assert_array_equal(tables["vip"][0]["loss"], tables["none"][0]["loss"])
@@ -147,20 +196,24 @@ def test_node_shared_buffer(tmp_path):
     # answers applied exactly 2 minibatches after their request: whether slots change hands must not
     # hang on how fast an oversubscribed agent rank answers
     steered = ["--policy", "heuristic", "--agent-action", "structured", "--agent-window", "2", "--agent-latency", "2"]
-    for name, flags in (("none", []), ("shared", ["--policy", "fixed", "--delta", "1", "--buffer-sharing", "node"]),
-                        ("compat", ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node", "--compat",
-                                    "massivegnn", "--buffer-init", "random"]),
-                        ("vip", ["--policy", "fixed", "--delta", "3", "--buffer-sharing", "node", "--buffer-init", "vip"]),
-                        ("quota", [*steered, "--delta", "2", "--buffer-sharing", "node", "--buffer-split", "quota"])):
-        run = str(tmp_path / name)
-        ranks = 6 if name == "quota" else 4  # an agent rank per node: world ranks 4 and 5
-        # batches of 4 seeds: about 45 minibatches a trainer, so the steered run makes about 25 decisions a
-        # trainer, and a slot changing hands does not hang on which of a few replacements lands first
-        proc = run_train(ranks, "--data", parts, "--run-dir", run, "--partition-mode", "node", "--epochs", "5",
-                         "--batch-size", "4", "--eval-every", "0", "--progress", "none", *flags,
-                         env={"MPIR_CVAR_NUM_CLIQUES": "2"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        logs[name] = [log for log in read_logs(run) if log["role"] == "trainer"]
+    runs = {"none": [], "shared": ["--policy", "fixed", "--delta", "1", "--buffer-sharing", "node"],
+            "compat": ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node", "--compat", "massivegnn",
+                       "--buffer-init", "random"],
+            "vip": ["--policy", "fixed", "--delta", "3", "--buffer-sharing", "node", "--buffer-init", "vip"],
+            "quota": [*steered, "--delta", "2", "--buffer-sharing", "node", "--buffer-split", "quota"]}
+    # batches of 4 seeds: about 45 minibatches a trainer, so the steered run makes about 25 decisions a
+    # trainer, and a slot changing hands does not hang on which of a few replacements lands first
+    common = ["--data", parts, "--partition-mode", "node", "--epochs", "5", "--batch-size", "4", "--eval-every", "0",
+              "--progress", "none"]
+    env = {"MPIR_CVAR_NUM_CLIQUES": "2"}
+    # the runs of 4 trainers in one launch; the steered one adds an agent rank per node: world ranks 4 and 5
+    proc = run_trains(4, [[*common, "--run-dir", tmp_path / name, *flags] for name, flags in runs.items() if name != "quota"],
+                      tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_train(6, *common, "--run-dir", tmp_path / "quota", *runs["quota"], env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in runs:
+        logs[name] = [log for log in read_logs(tmp_path / name) if log["role"] == "trainer"]
         assert all(log["status"] == "completed" for log in logs[name])
         tables[name] = [log["minibatches"] for log in logs[name]]
         fills[name] = [log["run"]["buffer_fill_rows"] for log in logs[name]]
@@ -196,15 +249,15 @@ def test_a_node_pool_over_the_trainers_own_partitions(tmp_path):
     parts = str(tmp_path / "parts")
     partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 4, parts, method="metis", seed=0)
     logs = {}
-    for name, flags in (("none", ["--policy", "none"]),
-                        ("pool", ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node"]),
-                        ("quota", ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node", "--buffer-split",
-                                   "quota", "--buffer-init", "vip"])):
-        run = str(tmp_path / name)
-        proc = run_train(4, "--data", parts, "--run-dir", run, "--epochs", "4", "--batch-size", "16", "--eval-every", "0",
-                         "--progress", "none", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        logs[name] = read_logs(run)
+    runs = {"none": ["--policy", "none"], "pool": ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node"],
+            "quota": ["--policy", "fixed", "--delta", "2", "--buffer-sharing", "node", "--buffer-split", "quota",
+                      "--buffer-init", "vip"]}
+    proc = run_trains(4, [["--data", parts, "--run-dir", tmp_path / name, "--epochs", "4", "--batch-size", "16",
+                           "--eval-every", "0", "--progress", "none", *flags] for name, flags in runs.items()], tmp_path,
+                      env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in runs:
+        logs[name] = read_logs(tmp_path / name)
         assert all(log["status"] == "completed" for log in logs[name])
     halos = {p.part_id: p for p in (read_partition(parts, k) for k in range(4))}
     for name in ("pool", "quota"):

@@ -45,16 +45,17 @@ def counted_over_logged(run_dir: str, run) -> float | None:
     return json.load(open(path))["crossed_bytes"] / logged if logged else None
 
 
-def floor(run_dir: str, compute_only_dir: str, links: str) -> dict:
+def floor(run_dir: str, compute_only_dir: str, links: str, epochs: list[int] | None = None) -> dict:
     """The floor of the shaped run at ``run_dir`` (its rate from its ``netem.json``) and its parts;
     ``compute_only_dir``: the same run unshaped, on one node. Per timed epoch the larger of the
     two, then taken over the epochs as the epoch time is (``rudder.logs.metrics.epoch_time``): a
     run whose every epoch is at least its floor is at least its floor, also where the epochs
-    differ (a ``--shift``). An epoch the compute-only run did not complete counts its wire alone."""
+    differ (a ``--shift``). An epoch the compute-only run did not complete counts its wire alone.
+    ``epochs``: other epochs than the steady ones (bench/restate_epoch_time.py's old definition)."""
     rate_bit = json.load(open(os.path.join(run_dir, "netem.json")))["rate_bit"]
     run = load_run(run_dir)
     tables = [r.epochs for r in run.ranks]
-    epochs = metrics.timed_epochs(metrics.complete_epochs(tables))
+    epochs = metrics.run_timed_epochs(tables) if epochs is None else epochs
     phases = metrics.epoch_phases(tables, epochs)
     alone = [r.epochs for r in load_run(compute_only_dir).ranks]
     done = set(metrics.complete_epochs(alone))

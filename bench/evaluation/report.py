@@ -45,17 +45,26 @@ def fmt(v, spec: str) -> str:
     return format(v, spec) if isinstance(v, (int, float)) else "-"
 
 
+def epoch_cell(fig: dict) -> str:
+    """The epoch time and the spread of the steady epochs it is the median of (a skewed run shows)."""
+    low, high = fig.get("epoch_spread") or (None, None)
+    if fig.get("epoch_seconds") is None:
+        return "too short" if "too short" in (fig.get("steady_epochs") or "") else "-"
+    return fmt(fig["epoch_seconds"], ".3f") + (f" ({low:.3f}-{high:.3f})" if low is not None else "")
+
+
 def policy_table(r: dict, fractions: list) -> list[str]:
     runs = r["runs"]
     none = runs.get("none", {})
-    lines = ["| policy | f | remote rows/epoch | x none | x fixed | epoch s | x none | x fixed | hits % | test acc |",
+    lines = ["| policy | f | remote rows/epoch | x none | x fixed | epoch s (steady epochs' spread) | x none | x fixed "
+             "| hits % | test acc |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for label, fig in runs.items():
         policy, _, f = label.rpartition("-f") if label not in FRACTION_FREE else (label, "", "")  # last: sweep-fixed-...
         fixed = runs.get(f"fixed-f{f}", {}) if f else {}
         lines.append(f"| {policy} | {f or '-'} | {fmt(fig['rows_per_epoch'], ',.0f')} "
                      f"| {ratio(fig['rows_per_epoch'], none.get('rows_per_epoch'))} "
-                     f"| {ratio(fig['rows_per_epoch'], fixed.get('rows_per_epoch'))} | {fmt(fig['epoch_seconds'], '.3f')} "
+                     f"| {ratio(fig['rows_per_epoch'], fixed.get('rows_per_epoch'))} | {epoch_cell(fig)} "
                      f"| {ratio(fig['epoch_seconds'], none.get('epoch_seconds'))} "
                      f"| {ratio(fig['epoch_seconds'], fixed.get('epoch_seconds'))} "
                      f"| {fmt(fig['hit_percent'], '.1f')} | {fmt(fig['test_acc'], '.3f')} |")
@@ -153,7 +162,7 @@ def report(h: Harness, results: dict, command: str) -> str:
             runs = results["grid"]["configs"][key]["runs"]
             none = runs["none"]
             best_label, best = min(((k, v) for k, v in runs.items() if v["epoch_seconds"]), key=lambda kv: kv[1]["epoch_seconds"])
-            lines.append(f"| {key} | {p['epoch_seconds']:.3f} | {ratio(none['epoch_seconds'], p['epoch_seconds'])} "
+            lines.append(f"| {key} | {epoch_cell(p)} | {ratio(none['epoch_seconds'], p['epoch_seconds'])} "
                          f"| {best_label} | {ratio(best['epoch_seconds'], p['epoch_seconds'])} | {p['rows_per_epoch']:,.0f} "
                          f"| {ratio(none['rows_per_epoch'], p['rows_per_epoch'])} "
                          f"| {ratio(best['rows_per_epoch'], p['rows_per_epoch'])} "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rudder.logs.metrics import wilson_interval
+from rudder.logs.metrics import hit_percent, remote_rows_fetched, wilson_interval
 from rudder.logs.reader import Run
 from rudder.logs.schema import FALLBACKS
 
@@ -104,3 +104,35 @@ def decision_lines(run: Run, last: int = 4, answered_only: bool = False) -> list
             lines.append(f"agent {agent.rank} -> trainer {d['trainer'][i]} after minibatch {d['minibatch'][i]}: {what:5} "
                          f"({d['latency'][i]:.2f} s{', fallback' if d['fallback'][i] else ''}) {answer[:150]}")
     return lines
+
+
+def applied_decisions(run: Run) -> int:
+    """Decisions the trainers applied, as their own logs record them (every answer that arrived and
+    was not refused: the agent learns of the last ones' outcomes only with a next request)."""
+    return sum(int(((r.minibatches["decision_request"] >= 0) & (r.minibatches["action_fallback"] == 0)).sum())
+               for r in run.ranks)
+
+
+def decision_effects(run: Run, span: int) -> dict:
+    """What the applied decisions did on their trainers: for the decisions that replaced rows and
+    for those that kept the buffer, the count and, averaged over them, the hit % and the remote rows
+    fetched a minibatch over the ``span`` minibatches before the one that applied the decision and
+    over the ``span`` from it on (its refills included), from the trainers' own logs. Decisions too
+    near either end of the run for a full span are left out."""
+    groups: dict[str, list] = {"replaced": [], "kept": []}
+    for r in run.ranks:
+        mb = r.minibatches
+        for at in np.flatnonzero((mb["decision_request"] >= 0) & (mb["action_fallback"] == 0)):
+            if at < span or at + span > mb.size:
+                continue
+            before, after = mb[at - span:at], mb[at:at + span]
+            groups["replaced" if mb["refills"][at] > 0 else "kept"].append(
+                [hit_percent(int(before["hits"].sum()), int(before["misses"].sum())),
+                 hit_percent(int(after["hits"].sum()), int(after["misses"].sum())),
+                 float(remote_rows_fetched(before).mean()), float(remote_rows_fetched(after).mean())])
+    out = {}
+    for name, rows in groups.items():
+        means = np.mean(rows, axis=0).tolist() if rows else [None] * 4
+        out[name] = {"count": len(rows), "hit_percent_before": means[0], "hit_percent_after": means[1],
+                     "rows_before": means[2], "rows_after": means[3]}
+    return out

@@ -9,11 +9,16 @@ from rudder.analysis.summary import CPU_OF_WALL, TIMERS
 FIGURES = [  # (label, path into the summary, format[, scale]); text figures get no ratio
     ("status", ("status",), "{}"),
     ("ranks read", ("ranks_read",), "{} "),
+    ("divergences caught", ("divergences", "caught"), "{} "),
+    ("divergences repaired", ("divergences", "repaired"), "{} "),
     ("policy", ("buffer", "policy"), "{}"),
     ("epochs", ("epochs", "count"), "{} "),
     ("training time s", ("epochs", "train_seconds"), "{:.3f}"),
     ("epoch mean s", ("epochs", "mean_seconds"), "{:.3f}"),
     ("epoch time s", ("epochs", "median_seconds"), "{:.3f}"),
+    ("steady epochs", ("epochs", "steady"), "{}"),
+    ("steady epoch min s", ("epochs", "min_seconds"), "{:.3f}"),
+    ("steady epoch max s", ("epochs", "max_seconds"), "{:.3f}"),
     ("sample s/epoch", ("time_breakdown", "t_sample"), "{:.3f}"),
     ("fetch s/epoch", ("time_breakdown", "t_fetch"), "{:.3f}"),
     ("copy s/epoch", ("time_breakdown", "t_copy"), "{:.3f}"),
@@ -122,6 +127,7 @@ def table(summaries: list[dict], baseline: dict | None) -> str:
 SCHEMA = {
     "run": str, "status": str, "warnings": list, "config": dict, "layout": dict, "ranks_read": int,
     "epochs": {"count": int, "train_seconds": float, "mean_seconds": (float, None), "median_seconds": (float, None),
+               "timed": list, "steady": str, "min_seconds": (float, None), "max_seconds": (float, None),
                "by_phase": list},
     "time_breakdown": {**{t: (float, None) for t in TIMERS}, "agent": (float, None)},
     "cpu": {**{c: (float, None) for c in CPU_OF_WALL}, **{f"{c}_of_wall": (float, None) for c in CPU_OF_WALL}},
@@ -137,4 +143,5 @@ SCHEMA = {
                    "not_applied": int, "refill_mean": (float, None), "interval_mean": (float, None),
                    **{f"pass_at_1_{name}": {"value": (float, None), "low": (float, None), "high": (float, None),
                                             "n": int} for name in ("hitrate", "comm", "wait")}}, None),
+    "divergences": {"caught": int, "repaired": int, "recomputed": int, "aborted": int},
 }

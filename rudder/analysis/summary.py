@@ -1,6 +1,6 @@
 """Every figure of one run, from the raw per-minibatch and per-epoch rows of its logs, as
-``rudder.logs.metrics`` defines them: per-epoch figures are over the timed epochs (2..E, or the
-only one); epoch time is the slowest trainer's, and the run's is their median."""
+``rudder.logs.metrics`` defines them: per-epoch figures are over the steady (timed) epochs;
+epoch time is the slowest trainer's, and the run's is their median, shown with their spread."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,7 @@ from rudder.analysis.bound import optimal_bound
 from rudder.analysis.decisions import decision_quality
 from rudder.logs import metrics
 from rudder.logs.reader import Run
+from rudder.logs.schema import DIVERGENCE_ACTIONS
 
 TIMERS = ("t_sample", "t_fetch", "t_copy", "t_wait", "t_forward_backward", "t_allreduce", "t_grad_copy", "t_update")
 # Each thread's CPU seconds (CPU_TIMERS) against the wall seconds of the same work: the share of it
@@ -25,6 +26,17 @@ def agent_seconds(run: Run, epochs: int) -> float | None:
         return None
     total = sum(float(a.decisions["latency"].sum()) for a in run.agents)
     return total / len(run.ranks) / epochs
+
+
+def divergences(run: Run) -> dict:
+    """Replicas found unequal and what was done (every trainer logs each event: the most rows any
+    trainer's ``repairs`` table holds; logs from before the table count none)."""
+    tables = [r.tables["repairs"] for r in run.ranks if "repairs" in r.tables]
+    events = max(tables, key=len) if tables else None
+    if events is None or not events.size:
+        return {"caught": 0, "repaired": 0, "recomputed": 0, "aborted": 0}
+    counts = {action: int((events["action"] == code).sum()) for code, action in enumerate(DIVERGENCE_ACTIONS)}
+    return {"caught": int(events.size), **counts}
 
 
 def cpu_figures(tables: list[np.ndarray], epochs: list[int], trainers: int) -> dict:
@@ -52,7 +64,7 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
     epoch_tables = [r.epochs for r in ranks]
     minibatch_tables = [r.minibatches for r in ranks]
     complete = metrics.complete_epochs(epoch_tables)
-    timed = metrics.timed_epochs(complete)
+    timed = metrics.run_timed_epochs(epoch_tables)
     all_seconds = metrics.slowest_seconds(epoch_tables, complete)
     seconds = metrics.slowest_seconds(epoch_tables, timed)
     phases = metrics.epoch_phases(epoch_tables, timed)
@@ -76,6 +88,9 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
         "epochs": {"count": len(complete), "train_seconds": float(all_seconds.sum()),
                    "mean_seconds": float(seconds.mean()) if seconds.size else None,
                    "median_seconds": metrics.epoch_time(seconds, phases),
+                   "timed": timed, "steady": metrics.run_steady_text(epoch_tables),
+                   "min_seconds": (metrics.spread(seconds) or (None, None))[0],
+                   "max_seconds": (metrics.spread(seconds) or (None, None))[1],
                    "by_phase": [phase_figures(minibatch_tables, int(p), [e for e, q in zip(timed, phases) if q == p],
                                               seconds[phases == p]) for p in np.unique(phases)]},
         "time_breakdown": {**{t: (lambda v: None if v is None else v / len(ranks))(per_epoch(t)) for t in TIMERS},
@@ -94,4 +109,5 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
                    "comm_volume": int(mb["comm_volume"].sum()), "hit_percent_by_epoch": by_epoch},
         "bound": optimal_bound(run, data_dir, int(metrics.remote_rows_fetched(mb).sum())),
         "decisions": decision_quality(run) if run.agents else None,
+        "divergences": divergences(run),
     }

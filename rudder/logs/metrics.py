@@ -3,10 +3,18 @@
 The trainer's end-of-run summary, ``rudder.analyze``, the evaluation harness and the simulator
 all compute their figures with these functions, so a number means the same wherever it appears:
 
-* **epoch time**: per epoch the slowest trainer's ``seconds``; the figure is the median over the
-  timed epochs, which are epochs 2..E (the first warms up), or the only one. A run with phases
-  (``--shift``) takes the median within each phase, weighted by the phase's timed epochs: one
-  median across phases would be the longest phase's alone;
+* **epoch time**: the run's steady state. Per epoch the slowest trainer's ``seconds``; the figure
+  is the median over the *timed* (steady) epochs: every epoch but the first ``reach`` (warm-up,
+  and the pipeline filling) and the last ``reach``, where ``reach`` is how many epochs the
+  minibatch pipeline's run-ahead spans (``pipeline_reach``: 1 unless it prepares more than an
+  epoch ahead; 0 without run-ahead, where only the first is dropped). An epoch in the middle
+  starts with the run-ahead the epoch before prepared for it and prepares as much for the next;
+  the last starts with that credit and pays for nothing after it, so it runs short, below its
+  own bandwidth floor where the wire binds (docs/logs.md, "Epoch time"). A run with fewer than
+  ``MIN_STEADY_EPOCHS`` steady epochs has no epoch time (``too_short`` says why). A run with
+  phases (``--shift``) takes the median within each phase, weighted by the phase's timed epochs:
+  one median across phases would be the longest phase's alone. Every per-epoch figure (rows,
+  bytes, floors) is taken over the same epochs;
 * **remote rows fetched**: remote input rows the buffer did not hold, plus the rows refills
   brought in: ``input_remote - hits + refills`` (every remote feature row that crossed to a trainer);
 * **communication volume** (the paper's): cacheable misses plus refills, ``misses + refills``;
@@ -81,9 +89,72 @@ def complete_epochs(epoch_tables: list[np.ndarray]) -> list[int]:
     return sorted(set.intersection(*done))
 
 
-def timed_epochs(epochs: list[int]) -> list[int]:
-    """The epochs an epoch time is taken over: all but the first (warm-up), or the only one."""
-    return list(epochs[1:]) if len(epochs) > 1 else list(epochs)
+MIN_STEADY_EPOCHS = 2  # a median of one epoch has no spread to show whether the run was steady
+UNKNOWN_RUN_AHEAD = -1  # epoch rows from before the ``run_ahead`` column: one epoch's reach is assumed
+
+
+def run_ahead(prefetch_depth: int, lookahead: int) -> int:
+    """Minibatches the pipeline may have prepared before the training thread asks for them: the
+    ``prefetch_depth`` queued plus the one its thread holds, and the sampler's ``lookahead``
+    beyond (sampled, adjacency read); without a pipeline thread, the lookahead alone."""
+    return (prefetch_depth + 1 if prefetch_depth > 0 else 0) + lookahead
+
+
+def pipeline_reach(ahead: int, steps_per_epoch: int) -> int:
+    """Epochs at either end of a run that ``ahead`` minibatches of run-ahead reach into."""
+    if ahead == UNKNOWN_RUN_AHEAD:
+        return 1
+    return -(-ahead // max(1, steps_per_epoch)) if ahead > 0 else 0
+
+
+def timed_epochs(epochs: list[int], reach: int = 1) -> list[int]:
+    """The steady epochs of ``epochs`` (a run's complete epochs, in order): all but the first
+    ``max(1, reach)`` and the last ``reach``; none where fewer than ``MIN_STEADY_EPOCHS`` remain."""
+    steady = list(epochs[max(1, reach):len(epochs) - reach])
+    return steady if len(steady) >= MIN_STEADY_EPOCHS else []
+
+
+def epochs_needed(reach: int = 1) -> int:
+    """The fewest complete epochs with an epoch time at this ``reach``."""
+    return max(1, reach) + reach + MIN_STEADY_EPOCHS
+
+
+def too_short(epochs: list[int], reach: int = 1) -> str | None:
+    """Why a run with these complete ``epochs`` has no epoch time (None where it has one)."""
+    if timed_epochs(epochs, reach):
+        return None
+    return (f"too short for an epoch time: {len(epochs)} complete epochs, the steady state needs at least "
+            f"{epochs_needed(reach)} (the first {max(1, reach)} and the last {reach} are not steady)")
+
+
+def steady_text(epochs: list[int], reach: int = 1) -> str:
+    """Which epochs an epoch time is taken over ("2..4", counted from 1), or why there is none."""
+    timed = timed_epochs(epochs, reach)
+    return f"{timed[0] + 1}..{timed[-1] + 1}" if timed else too_short(epochs, reach)
+
+
+def run_reach(epoch_tables: list[np.ndarray]) -> int:
+    """``pipeline_reach`` of a run from its trainers' epoch rows (their ``run_ahead`` and ``steps``)."""
+    rows = [t for t in epoch_tables if t.size]
+    if not rows:
+        return 1
+    ahead = max(int(t["run_ahead"].max()) for t in rows)
+    return pipeline_reach(ahead, min(int(t["steps"][t["complete"] == 1].min(initial=2**31 - 1)) for t in rows))
+
+
+def run_timed_epochs(epoch_tables: list[np.ndarray]) -> list[int]:
+    """The steady epochs of a run from its trainers' epoch rows."""
+    return timed_epochs(complete_epochs(epoch_tables), run_reach(epoch_tables))
+
+
+def run_too_short(epoch_tables: list[np.ndarray]) -> str | None:
+    """``too_short`` for a run from its trainers' epoch rows."""
+    return too_short(complete_epochs(epoch_tables), run_reach(epoch_tables))
+
+
+def run_steady_text(epoch_tables: list[np.ndarray]) -> str:
+    """``steady_text`` for a run from its trainers' epoch rows."""
+    return steady_text(complete_epochs(epoch_tables), run_reach(epoch_tables))
 
 
 def slowest_seconds(epoch_tables: list[np.ndarray], epochs: list[int]) -> np.ndarray:
@@ -92,7 +163,8 @@ def slowest_seconds(epoch_tables: list[np.ndarray], epochs: list[int]) -> np.nda
 
 
 def epoch_time(seconds, phases=None) -> float | None:
-    """THE epoch time: the median of per-epoch (slowest-trainer) seconds over the timed epochs;
+    """THE epoch time: the median of per-epoch (slowest-trainer) seconds over the timed epochs
+    (None without any: the run was too short);
     with ``phases`` (each of those epochs' phase), the median within each phase, weighted by the
     phase's epochs."""
     seconds = np.asarray(seconds, dtype=np.float64)
@@ -116,9 +188,15 @@ def epoch_phases(epoch_tables: list[np.ndarray], epochs: list[int]) -> np.ndarra
 
 
 def run_epoch_time(epoch_tables: list[np.ndarray]) -> float | None:
-    """The epoch time of a run from its trainers' epoch rows."""
-    epochs = timed_epochs(complete_epochs(epoch_tables))
+    """The epoch time of a run from its trainers' epoch rows (None: too short, ``run_too_short``)."""
+    epochs = run_timed_epochs(epoch_tables)
     return epoch_time(slowest_seconds(epoch_tables, epochs), epoch_phases(epoch_tables, epochs))
+
+
+def spread(seconds) -> tuple[float, float] | None:
+    """The least and the most of the epoch seconds an epoch time was taken from (None without any)."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    return (float(seconds.min()), float(seconds.max())) if seconds.size else None
 
 
 def per_epoch(tables: list[np.ndarray], column, epochs: list[int]) -> np.ndarray:

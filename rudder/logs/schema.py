@@ -91,6 +91,9 @@ EPOCH_ROW = table(
     ("steps", "i4", "steps trained (the phase's steps per epoch unless stopped early)"),
     ("complete", "i1", "1 if every step of the epoch was trained"),
     ("seconds", "f8", "wall time of the epoch's steps on this trainer (evaluation excluded)"),
+    ("run_ahead", "i4", "minibatches the pipeline may prepare before the training thread asks for them (prefetch "
+     "depth + 1, plus the sampler's lookahead): how many epochs at each end of the run are not steady "
+     "(rudder.logs.metrics; -1 in logs from before this column)"),
     *[(t, "f8", f"sum of the minibatches' {t}") for t in ("t_sample", "t_fetch", "t_copy", "t_rma", "t_wait",
                                                           "t_forward_backward", "t_allreduce", "t_grad_copy",
                                                           "t_update")],
@@ -103,6 +106,28 @@ EPOCH_ROW = table(
     ("test_acc", "f4", "test accuracy after the epoch (NaN when not evaluated)"),
     ("eval_seconds", "f8", "seconds of the evaluation"),
     ("param_digest", "i8", "digest of the parameters, equal on every trainer: the replicas agree"),
+)
+# Replicas found to differ (rudder.train.replicas): one row per event in every trainer's log.
+# DIVERGENCE_CHECKS: which check found it; DIVERGENCE_ACTIONS: what was done.
+DIVERGENCE_CHECKS = ("step", "epoch")
+DIVERGENCE_ACTIONS = ("repaired", "recomputed", "aborted")
+LISTED_CHARS = 256  # the text columns' width; a longer list ends in "..."
+REPAIR_ROW = table(
+    "repairs",
+    ("minibatch", "i8", "minibatches from the start of the run before the check that found it (the step's check: "
+     "the minibatch it recomputed; --inject-divergence STEP:T is found here at STEP + 1)"),
+    ("epoch", "i4", "the epoch it was found in"),
+    ("check", "i1", "which check found it (DIVERGENCE_CHECKS): 0 the step's check in the gradient allreduce, 1 the "
+     "epoch's digest check"),
+    ("action", "i1", "what was done (DIVERGENCE_ACTIONS): 0 every trainer restored from the source and the step "
+     "recomputed, 1 the parameters agreed (the reduction did not): the step recomputed, 2 the job ended "
+     "(--on-divergence abort)"),
+    ("source", "i4", "the trainer whose state every trainer took (-1: none)"),
+    ("majority", "i1", "1 if more than half the trainers agreed with the source (else the source is trainer 0)"),
+    ("diverged_count", "i4", "trainers whose parameters differed from the source's"),
+    ("diverged", f"S{LISTED_CHARS}", "those trainers (trainer ranks), comma-separated"),
+    ("tensors", f"S{LISTED_CHARS}", "the parameters that differed, by name, comma-separated"),
+    ("seconds", "f8", "seconds of the repair (digests gathered, state broadcast)"),
 )
 # Minibatch timers summed into the epoch row.
 EPOCH_TIMERS = ("t_sample", "t_fetch", "t_copy", "t_rma", "t_wait", "t_forward_backward", "t_allreduce", "t_grad_copy",
@@ -176,7 +201,7 @@ CLASSIFIER_TRACE_ROW = table(
 TRACE = "trace_remote_inputs"  # int64: a minibatch's remote input IDs (--trace)
 TEXTS = ("prompt", "answer", "fallback_reason")  # uint8 UTF-8: each decision's prompt, answer and fallback reason
 
-TRAINER_TABLES = {"minibatches": MINIBATCH_ROW, "epochs": EPOCH_ROW}
+TRAINER_TABLES = {"minibatches": MINIBATCH_ROW, "epochs": EPOCH_ROW, "repairs": REPAIR_ROW}
 AGENT_TABLES = {"decisions": DECISION_ROW, "outcomes": OUTCOME_ROW}
 AGENT_RAGGED = dict.fromkeys(TEXTS, np.uint8)
 
@@ -204,7 +229,7 @@ def upgrade(table: np.ndarray, dtype: np.dtype) -> np.ndarray:
         if name in table.dtype.names:
             out[name] = table[name]
     # older logs: no bound, no decision recorded, no wait predicted (its wait not recorded: zero)
-    for name in ("refill_budget", "decision_request", "decision_age", "wait_impact", "slots_held"):
+    for name in ("refill_budget", "decision_request", "decision_age", "wait_impact", "slots_held", "run_ahead"):
         if name in dtype.names and name not in table.dtype.names:
             out[name] = -1
     for name in CPU_TIMERS:  # not measured then

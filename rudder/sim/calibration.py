@@ -36,7 +36,7 @@ def run_counts(run_dir: str) -> tuple[dict, list[np.ndarray], int, str]:
                           f"(MPIR_CVAR_NUM_CLIQUES=1) and no agent (this one: {layout['num_trainers']} trainers on "
                           f"{layout['num_nodes']} nodes, {len(run.ranks)} ranks)")
     result = simulate(cfg, {cfg.buffer.policy: {}}, None)
-    timed = metrics.timed_epochs(metrics.complete_epochs([r.epochs for r in run.ranks]))
+    timed = metrics.run_timed_epochs([r.epochs for r in run.ranks])
     counts: dict[str, list] = {"edges": [], "input_nodes": [], "input_bytes": [], "flops": []}
     rows = []
     for r in run.ranks:

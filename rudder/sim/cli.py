@@ -1,11 +1,12 @@
 """``python -m rudder.simulate``: the simulator's command line (docs/simulator.md).
 
-    python -m rudder.simulate --data PARTS [--policies none,static,fixed,lookahead,heuristic] [--epochs 3]
+    python -m rudder.simulate --data PARTS [--policies none,static,fixed,lookahead,heuristic] [--epochs 5]
         [--batch-size B] [--fanouts 10,25] [--buffer-fraction 0.25] [--machine perlmutter-gpu] [--out FILE.json]
     python -m rudder.simulate --validate RUN [--machine PROFILE.json] [--out FILE.json]
 
 Run options are drivers/train.py's own (the same declarations, ``rudder.train.config``), with
-the simulator's defaults: 3 epochs, and agent answers applied one minibatch after their request.
+the simulator's defaults: 5 epochs (3 steady ones, rudder.logs.metrics), and agent answers
+applied one minibatch after their request.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from rudder.train import options
 from rudder.train.config import ConfigError, TrainConfig
 
 SECTIONS = ("model", "sampling", "training", "buffer", "agent")
-DEFAULTS = {"epochs": 3, "agent_latency": 1}
+DEFAULTS = {"epochs": 5, "agent_latency": 1}
 NOT_SIMULATED = ("eval_every", "eval_batch_size", "device", "collect_traces", "replay", "agent_delay",
                  "agent_cores", "agent_windows_in_flight")
 

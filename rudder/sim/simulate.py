@@ -17,7 +17,7 @@ Times are modelled, not measured (``rudder.sim.timing``, docs/simulator.md): per
 trainer the sampling, assembly and block CPU, the latency and calls of its reads and its off-node
 bytes over links shared as the machine's are, then forward+backward; the pipeline overlaps the
 next minibatch's preparation with this one's step (or not, at depth 0), and the trainers meet in
-every step's allreduce. The epoch time is the median over epochs 2..E (``rudder.logs.metrics``).
+every step's allreduce. The epoch time is the median over the steady epochs (``rudder.logs.metrics``).
 
     python -m rudder.simulate --data PARTS [--policies none,static,fixed,lookahead,heuristic] [--epochs 3]
         [--batch-size B] [--fanouts 10,25] [--buffer-fraction 0.25] [--machine perlmutter-gpu] [--out FILE.json]
@@ -36,6 +36,7 @@ from rudder.agent.protocol import trainer_facts
 from rudder.agent.service import DecisionService
 from rudder.data.adjacency import resolve_topology
 from rudder.data.feature_encoding import FeatureEncoding
+from rudder.data.partition_store import halo_count
 from rudder.logs import metrics
 from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
@@ -99,7 +100,7 @@ def sample_trainer(graph: Graph, cfg: TrainConfig, part: int, machine: Machine |
         remote = mb.input_nodes[graph.meta.owner_of(mb.input_nodes) != part]
         flops = sage_flops(mb.layers, widths) if seeds.size else 0.0
         rows.append((epoch, step, mb.input_nodes, mb.input_nodes.size, remote.size,
-                     int(np.isin(remote, halo, assume_unique=True).sum()), mb.stats.seconds_remote, adjacency.rounds - rounds,
+                     halo_count(remote, halo), mb.stats.seconds_remote, adjacency.rounds - rounds,
                      mb.stats.rows_remote,
                      mb.stats.bytes_remote, sum(layer.src.size for layer in mb.layers), flops))
     cols = list(zip(*rows))
@@ -227,7 +228,11 @@ def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1
     parts, steps = result["parts"], result["steps_per_epoch"]
     sampled = [result["sampled"][p] for p in range(parts)]
     epoch_of = sampled[0].epoch  # the same schedule shape on every trainer
-    timed = metrics.timed_epochs(list(range(epochs)))
+    # one set of steady epochs for every figure, with and without overlap: the overlapped pipeline's
+    reach = metrics.pipeline_reach(metrics.run_ahead(max(1, depth), 0), steps)
+    timed = metrics.timed_epochs(list(range(epochs)), reach)
+    if not timed:
+        raise options.ConfigError(f"--epochs {epochs}: {metrics.too_short(list(range(epochs)), reach)}")
     later = np.isin(epoch_of, timed)
     sync = timing.allreduce_seconds(result["params"], parts, machine) if machine else 0.0
     out = {}
@@ -243,7 +248,7 @@ def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1
         if machine is not None:
             serial, overlapped = (timing.modelled_epoch(machine, sampled, fetched, result["feat_dim"], d, sync, epoch_of,
                                                         epochs, waiting=waiting, buffer_work=result["buffer_work"][label],
-                                                        phases=result["epoch_phases"])
+                                                        phases=result["epoch_phases"], reach=reach)
                                    for d in (0, max(1, depth)))
             row["epoch_seconds"] = serial["seconds"]
             row["epoch_seconds_overlap"] = overlapped["seconds"]
@@ -251,7 +256,7 @@ def summarize(result: dict, epochs: int, machine: Machine | None, depth: int = 1
         out[label] = row
     return {"parts": parts, "steps_per_epoch": steps, "batch_size": result["batch_size"], "phases": result["phases"],
             "feat_dim": result["feat_dim"],
-            "epochs_counted": "2.." + str(epochs) if epochs > 1 else "1", "allreduce_seconds": sync,
+            "epochs_counted": metrics.steady_text(list(range(epochs)), reach), "allreduce_seconds": sync,
             "machine": dataclasses.asdict(machine) if machine else None, "mpi_wait": waiting, "policies": out}
 
 

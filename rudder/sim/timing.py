@@ -13,7 +13,7 @@ minibatches wait in its queue. On one shared link with overlap the trainers' pip
 run at their own pace, so their fetches do not start together: ``shared_link_pipeline`` replays
 the same pipeline in time, the link divided at every moment between the fetches on it then.
 An epoch is the time between the ends of its last step and the previous epoch's; the epoch time
-is the median over epochs 2..E (``rudder.logs.metrics``).
+is the median over the steady epochs (``rudder.logs.metrics``).
 """
 from __future__ import annotations
 
@@ -252,10 +252,13 @@ def step_costs(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, de
 
 
 def epoch_time(costs: dict, sync: float, depth: int, epoch_of: np.ndarray, epochs: int,
-               phases: np.ndarray | None = None) -> dict:
+               phases: np.ndarray | None = None, reach: int | None = None) -> dict:
     """The modelled epoch time (``rudder.logs.metrics``' definition) at a pipeline depth, and
-    the share of its steps the slowest trainer spent reading remote data."""
-    timed = metrics.timed_epochs(list(range(epochs)))
+    the share of its steps the slowest trainer spent reading remote data; ``reach``: the epochs
+    at each end that are not steady (by default those the modelled pipeline's run-ahead reaches)."""
+    if reach is None:
+        reach = metrics.pipeline_reach(metrics.run_ahead(depth, 0), int(np.count_nonzero(epoch_of == epoch_of[0])))
+    timed = metrics.timed_epochs(list(range(epochs)), reach)
     syncs, link = np.full(epoch_of.size, sync), costs.get("link")
     if link is None:
         end, comm = pipeline_end(costs["prepare"], costs["train"], syncs, depth), costs["comm"]
@@ -277,7 +280,7 @@ SETTLED = 1e-3  # a slowdown that moved less than this between passes has settle
 
 def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int, depth: int, sync: float,
                    epoch_of: np.ndarray, epochs: int, background: float | None = None, waiting: str = "spin",
-                   buffer_work: str = "", phases: np.ndarray | None = None) -> dict:
+                   buffer_work: str = "", phases: np.ndarray | None = None, reach: int | None = None) -> dict:
     """``epoch_time`` of a policy's ``step_costs``, with the cores shared as ``waiting`` (a resolved
     ``--mpi-wait``) shares them, and the ``slowdown`` it came to. Spinning, every thread is always
     runnable (``contention``); yielding, only busy ones are (``yielding_slowdown``), and each
@@ -290,7 +293,7 @@ def modelled_epoch(m: Machine, sampled: list, fetched: list[dict], feat_dim: int
     slowdown = contention(m, len(sampled), depth, background)
     for _ in range(MAX_PASSES):
         costs = step_costs(m, sampled, fetched, feat_dim, depth, background, slowdown, buffer_work)
-        out = epoch_time(costs, sync, depth, epoch_of, epochs, phases)
+        out = epoch_time(costs, sync, depth, epoch_of, epochs, phases, reach)
         if not m.cores:
             break
         n, span, work = len(sampled), max(1e-12, sum(out["per_epoch"])), costs["work"]

@@ -118,8 +118,7 @@ def compare_epoch_time(run, cfg: TrainConfig, result: dict, machine) -> dict:
     """Predicted and measured epoch time over the epochs every trainer completed, and the
     measured share of the epoch the training thread waited for its inputs."""
     tables = [r.epochs for r in run.ranks]
-    done = metrics.complete_epochs(tables)
-    timed = metrics.timed_epochs(done)
+    timed = metrics.run_timed_epochs(tables)
     parts = result["parts"]
     sampled = [result["sampled"][p] for p in range(parts)]
     fetched = [result["policies"][cfg.buffer.policy][p] for p in range(parts)]

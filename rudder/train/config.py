@@ -33,6 +33,8 @@ PAPER_BATCH_SIZE = 2000
 # The GraphSAGE layer's implementations (rudder.train.model): named here, where the flag is, so that
 # reading a config imports no torch.
 IMPLEMENTATIONS = ("torch", "dgl")
+# What the trainers do when their replicas differ (rudder.train.replicas), named here for the same reason.
+ON_DIVERGENCE = ("repair", "abort", "off")
 POSITIVE = (lambda v: v >= 1, "a positive integer")
 
 
@@ -97,10 +99,25 @@ class TrainingSection:
                                   "a trainer makes no progress for this many seconds (a dead link, a hung rank); 0: never",
                                   resumable=True, check=(lambda v: v >= 0, "0 (never) or a number of seconds"))
     mpi_wait: str = option("auto", "how a thread waits for MPI (the gradient allreduce, feature and adjacency Gets): "
-                           "spin (MPI's blocking calls, which poll until done), yield (test, sleeping up to 0.1 ms between "
+                           "spin (poll until done: back-to-back tests under --mpi-lock on, MPI's blocking calls with it off), "
+                           "yield (test, sleeping up to 0.1 ms between "
                            "tests, leaving the cores to the threads with work), auto (yield where a rank has fewer cores "
-                           "than its 2 threads, as with ranks oversubscribed on one host; spin otherwise)", choices=WAITS,
+                           "than its 2 threads, as with ranks oversubscribed on one host; spin otherwise). With many cores "
+                           "a rank, spin is safe with --on-divergence repair (the default), which finds a replica whose "
+                           "parameters differ at the next step and restores it exactly: twice in 10 Cora runs with spin "
+                           "and 4 threads a rank one replica diverged, never with yield, one core a rank or no pipeline "
+                           "thread (docs/cluster.md)", choices=WAITS, resumable=True)
+    mpi_lock: str = option("on", "on: one thread of a rank inside MPI at a time (the training thread's allreduce, the "
+                           "pipeline thread's Gets, the agent link; waits are tests that release the lock between them: "
+                           "rudder/comm/gate.py), which removes the suspected trigger of replicas that diverged; off: the "
+                           "threads enter MPI together, as before (for measuring the lock's cost)", choices=("on", "off"),
                            resumable=True)
+    on_divergence: str = option("repair", "when the per-step check finds the model replicas differ (a digest of each "
+                                "trainer's parameters rides in the gradient allreduce): repair (restore every trainer "
+                                "from the majority's, parameters and Adam state, recompute the step, log it and go on: "
+                                "the same training as without the divergence), abort (end the job with one line naming "
+                                "the minibatch and trainers), off (no per-step check; the epoch's digest check ends the "
+                                "job)", choices=ON_DIVERGENCE, resumable=True)
 
 
 @dataclass
@@ -225,8 +242,27 @@ class OutputSection:
     trace: bool = option(False, "log every minibatch's remote input IDs (compressed), for offline replay")
     log_flush_seconds: float = option(2.0, "flush the logs at least this often: the most a killed job loses",
                                       resumable=True, check=(lambda v: v > 0, "a positive number of seconds"))
-    progress: str = option("bar", "rank 0's progress display", choices=("bar", "lines", "none"), resumable=True)
+    progress: str = option("auto", "rank 0's progress display: a bar on a terminal, plain lines (one an epoch, and one "
+                           "every 30 s within a long epoch) for a log file or a pipe; auto picks by where stderr goes",
+                           choices=("auto", "bar", "lines", "none"), resumable=True)
     overwrite: bool = option(False, "replace the logs of an earlier run in --run-dir (refused otherwise)", resumable=True)
+
+
+@dataclass
+class TestingSection:
+    """Flags for the test suite and for studying failures, not for training."""
+    inject_divergence: str = option("", "flip the lowest bit of one parameter element on trainer TRAINER right after "
+                                    "minibatch STEP's update (STEP counts minibatches from the start of the run): a "
+                                    "replica that diverged, for testing --on-divergence; several as STEP:TRAINER,...",
+                                    metavar="STEP:TRAINER", resumable=True,
+                                    check=(lambda v: v == "" or re.fullmatch(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*", v) is not None,
+                                           "STEP:TRAINER[,STEP:TRAINER...], non-negative integers (e.g. 5:2)"))
+
+    @property
+    def divergences(self) -> list[tuple[int, int]]:
+        """(minibatch, trainer) of each --inject-divergence."""
+        return [(int(step), int(trainer)) for step, trainer in
+                (pair.split(":") for pair in self.inject_divergence.split(",") if pair)]
 
 
 @dataclass
@@ -240,6 +276,7 @@ class TrainConfig:
     llm: LLMSection = field(default_factory=LLMSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     output: OutputSection = field(default_factory=OutputSection)
+    testing: TestingSection = field(default_factory=TestingSection)
 
     def to_json(self) -> str:
         return json.dumps(options.to_flat(self), sort_keys=True)

@@ -109,6 +109,13 @@ def check_resume(cfg, layout) -> None:
                           f"resume with more epochs")
 
 
+def check_injection(cfg, layout) -> None:
+    """--inject-divergence names a trainer of this job."""
+    if any(trainer >= layout.num_trainers for _, trainer in cfg.testing.divergences):
+        raise ConfigError(f"--inject-divergence {cfg.testing.inject_divergence}: expected a trainer below "
+                          f"{layout.num_trainers} (this job's trainers)")
+
+
 def cuda_available() -> bool:
     import torch  # only a trainer asked for CUDA pays torch's import before the checks are through
 
@@ -157,6 +164,7 @@ def start_up(world, argv):
         (None, lambda: check_device(state["cfg"], state["layout"]), ""),
         (None, lambda: check_policy_inputs(state["cfg"], state["layout"]), ""),
         (None, lambda: check_resume(state["cfg"], state["layout"]), ""),
+        (None, lambda: check_injection(state["cfg"], state["layout"]), ""),
         (None, lambda: verify_own_partition(state["cfg"], state["layout"], state["meta"]), ""),
     ]
     for name, step, prefix in steps:

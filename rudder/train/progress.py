@@ -1,32 +1,52 @@
-"""Rank 0's view of a run while it trains: a progress bar over all minibatches (or one line per
-epoch for batch logs), and the end-of-run summary (its figures as ``rudder.logs.metrics`` defines them)."""
+"""Rank 0's view of a run while it trains: a progress bar over all minibatches on a terminal, plain
+lines where the output goes to a file or a pipe (a bar's redraws would fill a log with carriage
+returns), and the end-of-run summary (its figures as ``rudder.logs.metrics`` defines them)."""
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
 from rudder.logs import metrics
 
+LINE_SECONDS = 30.0  # within an epoch longer than this, a plain line says how far it got
+
+
+def resolve_mode(mode: str, stream) -> str:
+    """``auto``: a bar where ``stream`` is a terminal, lines elsewhere; other modes as they are."""
+    if mode != "auto":
+        return mode
+    isatty = getattr(stream, "isatty", None)
+    return "bar" if isatty is not None and isatty() else "lines"
+
 
 class Progress:
     def __init__(self, mode: str, epochs: int, minibatches: int, stream=None):
-        self.mode, self.stream = mode, stream or sys.stderr
+        self.stream = stream or sys.stderr
+        self.mode = resolve_mode(mode, self.stream)
         self.epochs, self.bar = epochs, None
-        if mode == "bar":
+        self.epoch_now, self.step_now, self.last_line = 0, 0, time.monotonic()
+        if self.mode == "bar":
             from tqdm import tqdm
 
             self.bar = tqdm(total=minibatches, unit="mb", desc="epoch 1", file=self.stream,
                             mininterval=0.5, dynamic_ncols=True)
 
     def step(self, loss: float) -> None:
+        self.step_now += 1
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        elif self.mode == "lines" and time.monotonic() - self.last_line >= LINE_SECONDS:
+            print(f"epoch {self.epoch_now + 1}/{self.epochs}: {self.step_now} minibatches, loss {loss:.4f}",
+                  file=self.stream, flush=True)
+            self.last_line = time.monotonic()
 
     def epoch(self, rows: np.ndarray) -> None:
         """``rows``: every trainer's epoch row."""
         e = int(rows["epoch"][0])
+        self.epoch_now, self.step_now, self.last_line = e + 1, 0, time.monotonic()
         text = f"epoch {e + 1}/{self.epochs}: {rows['seconds'].max():.3f} s, loss {rows['loss'][0]:.4f}"
         if not np.isnan(rows["val_acc"][0]):
             text += f", val {rows['val_acc'][0]:.4f}, test {rows['test_acc'][0]:.4f}"
@@ -48,8 +68,9 @@ def run_summary(per_epoch: list[np.ndarray], stopped: bool, *, trainers: int, st
     epoch since this job started)."""
     tables = list(np.stack(per_epoch, axis=1)) if per_epoch else []  # one epoch table per trainer
     complete = metrics.complete_epochs(tables)
-    timed = metrics.timed_epochs(complete)
+    timed = metrics.run_timed_epochs(tables)
     seconds = metrics.slowest_seconds(tables, timed)
+    epoch_seconds = metrics.epoch_time(seconds, metrics.epoch_phases(tables, timed))
 
     def share(field):  # the trainers' mean time in ``field`` over the epoch's time
         return float(np.mean([np.mean([float(t[field][t["epoch"] == e][0]) for t in tables]) / s
@@ -63,8 +84,10 @@ def run_summary(per_epoch: list[np.ndarray], stopped: bool, *, trainers: int, st
     last = [t[t["epoch"] == complete[-1]][0] for t in tables] if complete else []
     return {"epochs": len(complete), "stopped": stopped, "trainers": trainers, "steps_per_epoch": steps_per_epoch,
             "batch_size": batch_size, "train_seconds": float(sum(e["seconds"].max() for e in per_epoch)),
-            "epoch_seconds": metrics.epoch_time(seconds, metrics.epoch_phases(tables, timed)) or float("nan"),
+            "epoch_seconds": float("nan") if epoch_seconds is None else epoch_seconds,
             "epoch_seconds_mean": float(seconds.mean()) if seconds.size else float("nan"),
+            "timed_epochs": timed, "epoch_spread": metrics.spread(seconds),
+            "too_short": metrics.run_too_short(tables) if tables else "no complete epoch",
             "share_fetch": share("t_fetch"), "share_rma": share("t_rma"), "share_wait": share("t_wait"),
             "input_remote_per_epoch": per_epoch_mean("input_remote"),
             "input_nodes_per_epoch": per_epoch_mean("input_nodes"),
@@ -81,8 +104,7 @@ def format_summary(s: dict) -> str:
     lines = [
         f"Run {'stopped early' if s['stopped'] else 'done'}: {s['epochs']} epochs on {s['trainers']} trainers, "
         f"{s['steps_per_epoch']} minibatches/epoch of {s['batch_size']} seeds per trainer",
-        f"  training time   {s['train_seconds']:.2f} s (epoch time {s['epoch_seconds']:.3f} s: the slowest trainer's, "
-        f"median over epochs 2..E; mean {s['epoch_seconds_mean']:.3f} s)",
+        f"  training time   {s['train_seconds']:.2f} s ({epoch_time_text(s)})",
         f"  time shares     training thread waiting for inputs {100 * s['share_wait']:.1f}%; feature assembly "
         f"{100 * s['share_fetch']:.1f}% and remote RMA gets {100 * s['share_rma']:.1f}% (overlapped when pipelined)",
         f"  remote inputs   {s['input_remote_per_epoch']:,.0f} of {s['input_nodes_per_epoch']:,.0f} rows/epoch; "
@@ -94,3 +116,12 @@ def format_summary(s: dict) -> str:
         f"  logs            {s['run_dir']}/rank-*.h5",
     ]
     return "\n".join(lines)
+
+
+def epoch_time_text(s: dict) -> str:
+    """The epoch time with the steady epochs it came from and their spread, or why there is none."""
+    if s["too_short"]:
+        return f"no epoch time: {s['too_short']}"
+    timed, (low, high) = s["timed_epochs"], s["epoch_spread"]
+    return (f"epoch time {s['epoch_seconds']:.3f} s: the slowest trainer's, median over the steady epochs "
+            f"{timed[0] + 1}..{timed[-1] + 1}, which spread {low:.3f}-{high:.3f} s")

@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 from rudder.agent.link import AgentLink, CollectiveLink
 from rudder.agent.protocol import trainer_facts
+from rudder.comm import gate
 from rudder.comm.dist_array import ReadStats
 from rudder.comm.layout import exposer_table
 from rudder.comm.runtime import abort_job, library_versions, mpi_cuda_support
@@ -30,7 +31,7 @@ from rudder.comm.shared_memory import NodeSharedArrays
 from rudder.comm.watchdog import Watchdog
 from rudder.data.adjacency import open_adjacency, resolve_topology
 from rudder.data.feature_store import FeatureStore
-from rudder.data.partition_store import read_partition
+from rudder.data.partition_store import halo_count, read_partition
 from rudder.logs import metrics
 from rudder.logs.schema import CPU_TIMERS, EPOCH_ROW, EPOCH_TIMERS, MINIBATCH_ROW, TRACE, TRAINER, TRAINER_TABLES, record, upgrade
 from rudder.logs.writer import RunLog, log_path
@@ -50,6 +51,7 @@ from rudder.train.evaluation import evaluate
 from rudder.train.model import GraphSAGE
 from rudder.train.optimizer import Adam
 from rudder.train.progress import run_summary
+from rudder.train.replicas import ReplicaRepair
 from rudder.train.staging import InputStager
 
 
@@ -64,6 +66,7 @@ class Trainer:
         """Collective over the trainers: reads this rank's partition, opens the RMA windows,
         builds and broadcasts the model, builds the buffer and its policy, creates the rank's log."""
         self.cfg, self.layout, self.meta, self.stop = cfg, layout, meta, stop
+        gate.enable(cfg.training.mpi_lock == "on")  # before the pipeline thread (and the agent link) start
         torch.set_num_threads(layout.threads_per_rank)  # oversubscribed ranks: not one thread per core each
         self.log = None
         self.watchdog = Watchdog(cfg.training.stall_timeout, self._stalled)
@@ -153,7 +156,9 @@ class Trainer:
         choice = cfg.model.gpu_allreduce
         device_buffer = choice == "device" or (choice == "auto" and bool(self.mpi_cuda_support))
         device_buffer = self.layout.trainers.bcast(device_buffer, root=0)
-        self.allreduce = GradientAllreduce(self.layout.trainers, self.model, device_buffer, wait=self.layout.mpi_wait)
+        self.allreduce = GradientAllreduce(self.layout.trainers, self.model, device_buffer, wait=self.layout.mpi_wait,
+                                           check=cfg.training.on_divergence != "off")
+        self.injections = set(cfg.testing.divergences)  # (minibatch, trainer) of each --inject-divergence
         start = self.partition.node_start
         self.stager = InputStager(self.model, self.device, lambda seeds: self.partition.labels[seeds - start])
 
@@ -206,6 +211,8 @@ class Trainer:
                           {**TRAINER_TABLES, **self.policy.log_tables()}, {TRACE: np.int64} if cfg.output.trace else None,
                           flush_seconds=cfg.output.log_flush_seconds,
                           resume_rows=self.resumed.rank_state["log_rows"] if self.resumed else None)
+        mode = cfg.training.on_divergence  # off: no step's check, and the epoch's check ends the job
+        self.replicas = ReplicaRepair(layout.trainers, self.model, self.optimizer, mode, self.log) if mode != "off" else None
 
     def _open_agent_link(self, window: int, latency: int) -> AgentLink:
         self.watchdog.doing("training thread", "waiting for the node's agent to be ready (its decider loading)")
@@ -244,6 +251,31 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
+    def _forward_backward(self, inputs) -> float:
+        """The minibatch's summed loss, its gradients in ``.grad`` (0.0 and no gradients without seeds)."""
+        if inputs is None:
+            return 0.0
+        logits = self.model(inputs.blocks, inputs.x)
+        loss = F.cross_entropy(logits, inputs.labels, reduction="sum")
+        self.optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        self._finish_device_work()
+        return float(loss.detach())
+
+    def _rng_state(self) -> tuple:
+        return torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+
+    def _set_rng_state(self, state: tuple) -> None:
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], self.device)
+
+    @torch.no_grad()
+    def _flip_lowest_bit(self) -> None:
+        """--inject-divergence: this replica's first parameter element, its lowest bit flipped."""
+        first = next(self.model.parameters()).view(-1)[:1]
+        first.copy_(first.view(torch.int32).bitwise_xor(1).view(first.dtype))
+
     def step(self) -> tuple[np.void, bool]:
         self.watchdog.doing("training thread", "waiting for the next minibatch's inputs")
         item, waited = self.pipeline.next()
@@ -253,22 +285,27 @@ class Trainer:
         remote = mb.input_nodes[self.meta.owner_of(mb.input_nodes) != self.layout.partition_id]
         if self.cfg.output.trace:
             self.log.append_ragged(TRACE, remote)
-        loss_sum = 0.0
-        if seeds.size:
-            inputs = self.stager.claim(item.inputs)
-            logits = self.model(inputs.blocks, inputs.x)
-            loss = F.cross_entropy(logits, inputs.labels, reduction="sum")
-            self.optimizer.zero_grad(set_to_none=False)
-            loss.backward()
-            loss_sum = float(loss.detach())
-            self._finish_device_work()
+        counter = self.phases.counter(item.epoch, item.step)
+        rng = self._rng_state() if self.replicas is not None else None  # dropout's draws, should the step be recomputed
+        inputs = self.stager.claim(item.inputs) if seeds.size else None
+        loss_sum = self._forward_backward(inputs)
         t3, c3 = time.perf_counter(), time.thread_time()
         self.watchdog.doing("training thread", f"in the gradient Allreduce of minibatch {item.epoch}:{item.step}")
         totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop(), self.checkpoints.due_by_clock())
+        if not totals.replicas_agree:  # the replicas entered the step unequal: repair them, then the step again
+            self.watchdog.doing("training thread", f"repairing the replicas at minibatch {item.epoch}:{item.step}")
+            self.replicas.handle(counter, item.epoch, "step")
+            self._set_rng_state(rng)
+            loss_sum = self._forward_backward(inputs)
+            totals = self.allreduce.allreduce(int(seeds.size), loss_sum, self.stop(), self.checkpoints.due_by_clock())
+            if not totals.replicas_agree:
+                raise RuntimeError(f"model replicas still differ at minibatch {counter} after their repair")
         t4, c4 = time.perf_counter(), time.thread_time()
         if totals.seeds:
             self.optimizer.step()
             self._finish_device_work()
+        if (counter, self.layout.trainer_rank) in self.injections:
+            self._flip_lowest_bit()
         t5, c5 = time.perf_counter(), time.thread_time()
         row = record(MINIBATCH_ROW, self._minibatch_fields(item, remote, waited, loss_sum, totals,
                                                            (t3 - t2, t4 - t3, t5 - t4), c3 - c2 + c5 - c4))
@@ -289,7 +326,7 @@ class Trainer:
             "epoch": item.epoch, "step": item.step, "phase": self.phases.of_epoch(item.epoch).index,
             "seeds": seeds.size, "input_nodes": mb.input_nodes.size,
             "input_remote": remote.size,
-            "input_halo": int(np.isin(remote, self.halo, assume_unique=True).sum()) if self.halo.size else 0,
+            "input_halo": halo_count(remote, self.halo),
             "rows_local": fetch.rows_local, "rows_shared": fetch.rows_shared, "rows_rma": fetch.rows_remote,
             "bytes_rma": fetch.bytes_remote, "owners_rma": fetch.owners_touched,
             "adjacency_rows_rma": mb.stats.rows_remote, "adjacency_bytes_rma": mb.stats.bytes_remote,
@@ -333,11 +370,13 @@ class Trainer:
         complete = len(table) == self.phases.steps(epoch)  # a stop after the last step still completes it
         result = {"epoch": epoch, "phase": self.phases.of_epoch(epoch).index,
                   "steps": len(table), "complete": complete, "seconds": seconds,
+                  "run_ahead": metrics.run_ahead(self.cfg.sampling.prefetch_depth, self.policy.lookahead),
                   **{t: float(table[t].sum()) for t in EPOCH_TIMERS + CPU_TIMERS},
                   **{k: int(table[k].sum()) for k in ("input_nodes", "input_remote", "bytes_rma", "hits", "misses",
                                                       "refills", "comm_volume")},
                   "loss": float(np.nanmean(table["global_loss"])), "val_acc": np.nan, "test_acc": np.nan,
                   "eval_seconds": 0.0}
+        result["param_digest"] = self._epoch_digest(epoch, self.phases.counter(epoch, 0) + len(table))
         every = self.cfg.training.eval_every
         if complete and (epoch == self.cfg.training.epochs - 1 or (every and (epoch + 1) % every == 0)):
             t = time.perf_counter()
@@ -347,16 +386,25 @@ class Trainer:
                                       progress=self.watchdog.progress)
             result.update(val_acc=self.last_eval["val"], test_acc=self.last_eval["test"],
                           eval_seconds=time.perf_counter() - t)
-        digests = self.layout.trainers.allgather(parameter_digest(self.model))
-        if len(set(digests)) != 1:
-            raise RuntimeError(f"model replicas diverged after epoch {epoch}: parameter digests {digests}")
-        result["param_digest"] = digests[0]
         self.log.append("epochs", result)
         self.log.maybe_flush()
         self.watchdog.doing("training thread", f"after epoch {epoch} (digests, checkpoint)")
         self.checkpoints.after_epoch()
         self.watchdog.progress()
         return EpochResult(np.array(record(EPOCH_ROW, result), dtype=EPOCH_ROW)[()], stopped)
+
+    def _epoch_digest(self, epoch: int, trained: int) -> int:
+        """The last defence, before the epoch's evaluation: every trainer's parameter digest
+        compared. A divergence the steps' checks missed (one after the epoch's last update) is
+        repaired here too, or ends the job (``--on-divergence abort``, or ``off``: no repair)."""
+        trainers = self.layout.trainers  # collectives beside the pipeline thread: through the MPI lock (rudder.comm.gate)
+        digests = gate.collective(trainers, trainers.allgather, parameter_digest(self.model))
+        if len(set(digests)) != 1 and self.replicas is not None:
+            self.replicas.handle(trained, epoch, "epoch")
+            digests = gate.collective(trainers, trainers.allgather, parameter_digest(self.model))
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"model replicas diverged after epoch {epoch}: parameter digests {digests}")
+        return digests[0]
 
     # -- the run -------------------------------------------------------------------------------
     def run(self, progress=None) -> dict | None:
@@ -367,14 +415,15 @@ class Trainer:
         stopped = False
         for epoch in range(self.phases.position(self.start)[0], self.cfg.training.epochs):
             result = self.epoch(epoch, progress)
-            rows = self.layout.trainers.gather(result.row, root=0)
+            rows = gate.collective(self.layout.trainers, self.layout.trainers.gather, result.row, root=0)
             if rows is not None:
                 per_epoch.append(np.array(rows, dtype=EPOCH_ROW))
                 if progress is not None:
                     progress.epoch(per_epoch[-1])
             if result.stopped:
                 stopped = True
-                self.stop_signal = self.layout.trainers.allreduce(self.stop.signum, op=MPI.MAX)
+                self.stop_signal = gate.collective(self.layout.trainers, self.layout.trainers.allreduce, self.stop.signum,
+                                                   op=MPI.MAX)
                 break
         if self.layout.trainers.rank:
             return None
@@ -391,6 +440,8 @@ class Trainer:
             self.shared.close()
         self.adjacency.close()
         self.store.close()
+        if self.replicas is not None:
+            self.replicas.close()
         self.watchdog.close()
 
 
