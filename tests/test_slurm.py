@@ -144,7 +144,7 @@ def slurm(tmp_path_factory):
                                       # MPICH names a job's shared-memory segment after its PMI job id ("1.0" for
                                       # each new slurmctld's first step): a segment a killed job left in /dev/shm
                                       # under that name made the next session's first srun wait in MPI_Init
-                                      first_job=random.randint(10**5, 10**8))
+                                      first_job=random.randint(10**4, 10**7))  # below MaxJobId (67,043,328)
                     + f"AuthInfo=socket={socket_path}\n")
         env = dict(os.environ, SLURM_CONF=conf)
         # two nodes on this one host (each slurmd with a port of its own): a job script's 2-node case
