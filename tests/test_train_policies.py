@@ -32,13 +32,6 @@ def job_args(parts, run, policy, flags, extra):
     return ["--data", parts, "--run-dir", run, "--policy", policy, *flags, *extra, "--progress", "none", "--eval-every", "0"]
 
 
-def train(ranks, parts, run, policy, flags, extra):
-    proc = run_train(ranks, *job_args(parts, run, policy, flags, extra), env={"MPIR_CVAR_NUM_CLIQUES": str(ranks)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    check_repairs(run, flags)
-    return minibatch_tables(run)
-
-
 def train_all(ranks, jobs, extra, workdir):
     """``jobs``: (parts, run, policy, flags), trained one after another in one launch: {run: minibatch tables}."""
     proc = run_trains(ranks, [job_args(parts, run, policy, flags, extra) for parts, run, policy, flags in jobs], workdir,
