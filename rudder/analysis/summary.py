@@ -68,6 +68,7 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
     all_seconds = metrics.slowest_seconds(epoch_tables, complete)
     seconds = metrics.slowest_seconds(epoch_tables, timed)
     phases = metrics.epoch_phases(epoch_tables, timed)
+    spread = metrics.spread(seconds) or (None, None)
 
     def per_epoch(column) -> float | None:
         return metrics.per_epoch_mean(minibatch_tables, column, timed)
@@ -89,8 +90,7 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
                    "mean_seconds": float(seconds.mean()) if seconds.size else None,
                    "median_seconds": metrics.epoch_time(seconds, phases),
                    "timed": timed, "steady": metrics.run_steady_text(epoch_tables),
-                   "min_seconds": (metrics.spread(seconds) or (None, None))[0],
-                   "max_seconds": (metrics.spread(seconds) or (None, None))[1],
+                   "min_seconds": spread[0], "max_seconds": spread[1],
                    "by_phase": [phase_figures(minibatch_tables, int(p), [e for e, q in zip(timed, phases) if q == p],
                                               seconds[phases == p]) for p in np.unique(phases)]},
         "time_breakdown": {**{t: (lambda v: None if v is None else v / len(ranks))(per_epoch(t)) for t in TIMERS},
