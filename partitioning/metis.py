@@ -52,19 +52,26 @@ def _metis():
     return lib, idx, nopt, option
 
 
+def index_limit() -> int:
+    """The largest index (and weight sum) this METIS build takes: 2^31 - 1 with 32-bit indices."""
+    return int(np.iinfo(_metis()[1]).max)
+
+
 def part_graph_kway(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray, ncon: int, nparts: int,
-                    seed: int) -> tuple[int, np.ndarray]:
+                    seed: int, adjwgt: np.ndarray | None = None) -> tuple[int, np.ndarray]:
     """Partition an undirected CSR graph (both directions stored, no self-loops) into ``nparts``
-    with ``ncon`` node-major balance weights per vertex; returns (edge cut, part of each vertex)."""
+    with ``ncon`` node-major balance weights per vertex and optional edge weights ``adjwgt``
+    (None: all 1); returns (edge cut, part of each vertex)."""
     lib, idx, nopt, option = _metis()
     n = xadj.shape[0] - 1
     limit = np.iinfo(idx).max
-    if adjncy.shape[0] > limit or vweights.sum() > limit:
+    if adjncy.shape[0] > limit or vweights.sum() > limit or (adjwgt is not None and adjwgt.sum() > limit):
         raise InputError("--method metis", f"{adjncy.shape[0]} directed edges exceed this METIS build's "
-                         f"{np.dtype(idx).itemsize * 8}-bit indices; use --method random")
+                         f"{np.dtype(idx).itemsize * 8}-bit indices; use --method auto or multilevel")
     if vweights.shape != (n * ncon,):
         raise ValueError(f"vweights must hold {ncon} weights per vertex")
     xadj, adjncy, vweights = (np.ascontiguousarray(a, dtype=idx) for a in (xadj, adjncy, vweights))
+    adjwgt = None if adjwgt is None else np.ascontiguousarray(adjwgt, dtype=idx)
     options = np.full(nopt, -1, dtype=idx)  # -1: METIS default
     options[option["SEED"]] = seed
     options[option["DROPEDGES"]] = 1  # coarsen on a sparsified graph: a third of the memory
@@ -74,7 +81,7 @@ def part_graph_kway(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray, 
     ptr = ctypes.c_void_p
     status = lib.METIS_PartGraphKway(
         ctypes.byref(nvtxs), ctypes.byref(ncon_c), ptr(xadj.ctypes.data), ptr(adjncy.ctypes.data),
-        ptr(vweights.ctypes.data), None, None, ctypes.byref(nparts_c), None, None,
+        ptr(vweights.ctypes.data), None, None if adjwgt is None else ptr(adjwgt.ctypes.data), ctypes.byref(nparts_c), None, None,
         ptr(options.ctypes.data), ctypes.byref(objval), ptr(part.ctypes.data))
     if status != METIS_OK:
         raise InputError("--method metis", f"METIS_PartGraphKway failed: {METIS_ERRORS.get(status, status)}")

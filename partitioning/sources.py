@@ -25,6 +25,7 @@ from partitioning.loaders.npz import load_npz
 from partitioning.loaders.ogb import load_ogb
 from partitioning.loaders.planetoid import load_planetoid
 from partitioning.loaders.synthetic import load_synthetic
+from partitioning.spec import validate_graph
 
 # Kind -> loader(rest of the spec after "KIND:", the whole spec for error messages). The order
 # is the one the "unknown spec" error lists.
@@ -46,5 +47,5 @@ def load_spec(spec: str) -> GraphData:
         raise InputError("--input", f"unknown spec '{spec}' (expected one of: {', '.join(k + ':...' for k in LOADERS)})")
     graph = LOADERS[kind](rest, spec)
     graph.info.setdefault("source", spec)
-    graph.validate(spec)
+    validate_graph(graph, spec)
     return graph

@@ -6,7 +6,9 @@ import os
 
 import numpy as np
 
-from partitioning.graph import GraphData, InputError, canonical_edges, check_ids_in_range, seeded_split
+from partitioning.csr import array_chunks, build_csr
+from partitioning.features import first_nonfinite_row
+from partitioning.graph import GraphData, InputError, check_ids_in_range, seeded_split
 
 DEFAULT_SPLIT = (0.6, 0.2, 0.2)
 SPLIT_OPTIONS = {"split", "split_seed"}
@@ -129,12 +131,37 @@ def masks_from_arrays(z: dict, n: int, path: str):
     return masks
 
 
-def build_graph(name, n, src, dst, feats, labels, num_classes, masks, info, symmetric, where) -> GraphData:
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    check_ids_in_range(src, n, where, "edge source")
-    check_ids_in_range(dst, n, where, "edge destination")
-    src, dst = canonical_edges(src, dst, n, symmetric)
+def build_graph(name, n, edges, feats, labels, num_classes, masks, info, symmetric, where) -> GraphData:
+    """``edges``: (src, dst) arrays, or re-iterable ``EdgeChunks`` (read twice, in chunks)."""
+    if isinstance(edges, tuple):
+        edges = array_chunks(np.asarray(edges[0]), np.asarray(edges[1]))
+    indptr, indices = build_csr(edges, n, symmetric, where)
     info = dict(info, symmetrised=symmetric, self_loops="removed", duplicate_edges="removed")
-    return GraphData(name, n, src, dst, feats, np.asarray(labels, dtype=np.int64), int(num_classes),
+    return GraphData(name, n, indptr, indices, feats, np.asarray(labels, dtype=np.int64), int(num_classes),
                      *masks, info=info)
+
+
+def validate_graph(graph: GraphData, where: str) -> None:
+    """Check shapes, ranges and values; raise InputError naming ``where`` otherwise."""
+    n = graph.num_nodes
+    feats = graph.features
+    if feats.ndim != 2 or feats.shape[0] != n or feats.shape[1] < 1:
+        raise InputError(where, f"features have shape {tuple(feats.shape)}, expected ({n}, D) for {n} nodes")
+    if feats.dtype != np.float32:
+        raise InputError(where, f"features are {feats.dtype}, expected float32")
+    bad_row = first_nonfinite_row(feats)
+    if bad_row is not None:
+        raise InputError(where, f"features of node {bad_row} contain NaN or inf")
+    if graph.labels.shape != (n,):
+        raise InputError(where, f"labels have shape {graph.labels.shape}, expected ({n},)")
+    for name in ("train_mask", "val_mask", "test_mask"):
+        m = getattr(graph, name)
+        if m.shape != (n,) or m.dtype != np.bool_:
+            raise InputError(where, f"{name} has shape {m.shape} and dtype {m.dtype}, expected ({n},) bool")
+    # -1 marks an unlabelled node (OGB papers100M); it may not sit in any split.
+    in_split = graph.train_mask | graph.val_mask | graph.test_mask
+    bad = (graph.labels >= graph.num_classes) | (graph.labels < np.where(in_split, 0, -1))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(where, f"label {int(graph.labels[i])} of node {i} is out of range [0, {graph.num_classes})")
+

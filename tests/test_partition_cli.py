@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 
 import h5py
 import numpy as np
@@ -161,7 +162,7 @@ def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
     def failing_write(path, **kw):
         if kw["part_id"] == 1:
             raise OSError(28, "No space left on device")
-        real_write(path, **kw)
+        return real_write(path, **kw)
 
     monkeypatch.setattr(partition, "write_partition_file", failing_write)
     with pytest.raises(OSError):
@@ -314,3 +315,31 @@ def test_verify_detects_feature_dtype_damage(tmp_path, parts_dir):
         f["features"][3, -1] |= 1
     reseal(out, "part-00001.h5")
     verify_error(out, "part-00001.h5", "padding bits set")
+
+
+# ----------------------------------------------------------------------------- the memory model
+def plan_figures(text):
+    peak = float(re.search(r"predicted peak memory ([\d.]+) GiB", text).group(1))
+    per_edge = float(re.search(r"([\d.]+) bytes a directed edge", text).group(1))
+    disk = float(re.search(r"predicted disk ([\d.]+) GiB", text).group(1))
+    return peak, per_edge, disk
+
+
+def test_plan_predicts_without_running(tmp_path):
+    """--plan reads no graph and writes nothing: papers100M's figures from its sizes, an RMAT's from
+    its spec; the parallel mode shortens only the write phase; a missing input is one line."""
+    papers = run_cli("--plan", "--like", "papers100M", "--num-parts", 256)
+    assert papers.returncode == 0, papers.stderr
+    peak, per_edge, disk = plan_figures(papers.stdout)
+    assert 20 < peak < 300 and 4 < per_edge < 80 and 53 < disk < 120  # 57 GB (53 GiB) of features alone
+    wide = run_cli("--plan", "--like", "papers100M", "--num-parts", 256, "--ranks", 8)
+    assert plan_figures(wide.stdout)[0] == peak
+    seconds = [float(re.search(r"predicted time (\d+) s", p.stdout).group(1)) for p in (papers, wide)]
+    assert seconds[1] < seconds[0]
+    rmat = run_cli("--plan", "--input", "synthetic:rmat:scale=20,edge_factor=16,feat_dim=128,seed=1", "--num-parts", 8,
+                   "--out", tmp_path / "never")
+    assert rmat.returncode == 0 and "1048576 nodes, 33554432 directed edges" in rmat.stdout
+    assert plan_figures(rmat.stdout)[0] < peak and not (tmp_path / "never").exists()
+    assert_one_line_error(run_cli("--plan", "--num-parts", 8), "--plan", "needs exactly one of --input SPEC or --like")
+    assert_one_line_error(run_cli("--plan", "--input", f"planetoid:{BUNDLED_CORA}:cora", "--num-parts", 8),
+                          "--plan", "not known without loading")

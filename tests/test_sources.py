@@ -193,3 +193,87 @@ def test_synthetic_labels_follow_structure():
     centroids = np.stack([sbm.features[sbm.labels == c].mean(0) for c in range(4)])
     guess = np.argmin(((sbm.features[:, None, :] - centroids[None]) ** 2).sum(-1), axis=1)
     assert (guess == sbm.labels).mean() > 0.4
+
+
+# ----------------------------------------------------------------------------- streaming loaders
+def write_papers_layout(root, compressed: bool, n=300, seed=0):
+    """OGB papers100M's on-disk layout in small: raw/data.npz (edge_index, node_feat, node_year,
+    num_nodes_list), raw/node-label.npz (NaN = unlabelled), split/time/*.csv.gz."""
+    rng = np.random.default_rng(seed)
+    edges = rng.integers(0, n, size=(2, 4 * n))
+    feats = rng.standard_normal((n, 7)).astype(np.float32)
+    labels = rng.integers(0, 5, size=n).astype(np.float64)
+    labels[rng.random(n) < 0.3] = np.nan
+    raw = root / "ogbn_papers100M" / "raw"
+    raw.mkdir(parents=True)
+    save = np.savez_compressed if compressed else np.savez
+    save(raw / "data.npz", edge_index=edges, node_feat=feats, node_year=rng.integers(1990, 2020, size=(n, 1)),
+         num_nodes_list=np.array([n]), num_edges_list=np.array([edges.shape[1]]))
+    save(raw / "node-label.npz", node_label=labels.reshape(-1, 1))
+    labelled = np.flatnonzero(np.isfinite(labels))
+    for part, idx in (("train", labelled[:100]), ("valid", labelled[100:130]), ("test", labelled[130:])):
+        write_csv_gz(root / "ogbn_papers100M" / "split" / "time" / f"{part}.csv.gz", idx.reshape(-1, 1))
+    return edges, feats, np.where(np.isfinite(labels), labels, -1).astype(np.int64)
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["stored", "compressed"])
+def test_ogb_papers_layout_streams(tmp_path, compressed):
+    """data.npz's members are memory-mapped, not loaded: in place when stored, through a scratch
+    .npy when compressed (removed once the graph is gone); the graph is the one the arrays hold."""
+    import gc
+
+    from partitioning.ondisk import set_scratch_dir
+
+    edges, feats, labels = write_papers_layout(tmp_path, compressed)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    set_scratch_dir(str(scratch))
+    try:
+        g = load_spec(f"ogb:{tmp_path}:ogbn-papers100M")
+        assert isinstance(g.features, np.memmap)
+        assert (g.features.filename.startswith(str(scratch))) == compressed
+        pairs = {(int(a), int(b)) for a, b in edges.T if a != b} | {(int(b), int(a)) for a, b in edges.T if a != b}
+        assert list(zip(g.src.tolist(), g.dst.tolist())) == sorted(pairs, key=lambda e: (e[1], e[0]))
+        np.testing.assert_array_equal(g.features, feats)
+        np.testing.assert_array_equal(g.labels, labels)
+        assert g.info["unlabelled_nodes"] == int((labels < 0).sum()) and g.train_mask.sum() == 100
+        del g
+        gc.collect()
+        assert not os.listdir(scratch)
+    finally:
+        set_scratch_dir(None)
+
+
+def test_edgelist_in_chunks_is_the_same_graph(tmp_path, monkeypatch):
+    """An edge list read 64 lines at a time, and its CSR built 64 edges a chunk, is the graph one
+    chunk gives: the same CSR, bit for bit."""
+    from partitioning import csr
+    from partitioning.loaders import edgelist
+
+    rng = np.random.default_rng(1)
+    pairs = rng.integers(0, 200, size=(1500, 2))
+    (tmp_path / "e.txt").write_text("src dst\n" + "\n".join(f"{a} {b}" for a, b in pairs) + "\n")
+    whole = load_spec(f"edgelist:{tmp_path / 'e.txt'}")
+    monkeypatch.setattr(edgelist, "CHUNK_EDGES", 64)
+    monkeypatch.setattr(csr, "CHUNK_EDGES", 64)
+    chunked = load_spec(f"edgelist:{tmp_path / 'e.txt'}")
+    assert whole.indices.dtype == np.int32
+    np.testing.assert_array_equal(chunked.indptr, whole.indptr)
+    np.testing.assert_array_equal(chunked.indices, whole.indices)
+    np.testing.assert_array_equal(chunked.features, whole.features)
+    expected = {(int(a), int(b)) for a, b in pairs if a != b} | {(int(b), int(a)) for a, b in pairs if a != b}
+    assert sorted(zip(whole.dst.tolist(), whole.src.tolist())) == sorted((d, s) for s, d in expected)
+
+
+def test_scratch_too_large_is_one_line(tmp_path):
+    """Scratch space that the disk cannot hold: one line naming the directory and the need, before writing."""
+    from partitioning.ondisk import ScratchArray, set_scratch_dir
+
+    set_scratch_dir(str(tmp_path))
+    try:
+        with pytest.raises(InputError, match=r"needs \d+\.\d GiB of disk for the 1e\+15 generated rows") as e:
+            ScratchArray((10**15, 128), np.float32, "the 1e+15 generated rows")
+        assert str(e.value).startswith(str(tmp_path)) and "\n" not in str(e.value)
+        assert not os.listdir(tmp_path)
+    finally:
+        set_scratch_dir(None)

@@ -33,5 +33,5 @@ def load_dgl_file(rest: str, spec: str) -> GraphData:
         masks, split_info = opts.split_masks(n)
         info.update(split_info)
     labels = nd[lkey].reshape(-1)
-    return build_graph(info["dataset"], n, src, dst, np.ascontiguousarray(nd[fkey], dtype=np.float32), labels,
+    return build_graph(info["dataset"], n, (src, dst), np.ascontiguousarray(nd[fkey], dtype=np.float32), labels,
                        int(labels.max()) + 1 if n else 1, masks, info, opts.symmetric, path)

@@ -102,5 +102,5 @@ def load_musae(rest: str, spec: str) -> GraphData:
     masks, split_info = opts.split_masks(n)
     info = {"dataset": name, "labels": label_note,
             "features": f"dense binary multi-hot, {dim} dims" + (" (hashed)" if hash_dim else ""), **split_info}
-    return build_graph(name, n, edges.iloc[:, 0].to_numpy(), edges.iloc[:, 1].to_numpy(), feats, labels, classes,
+    return build_graph(name, n, (edges.iloc[:, 0].to_numpy(), edges.iloc[:, 1].to_numpy()), feats, labels, classes,
                        masks, info, opts.symmetric, edges_path)

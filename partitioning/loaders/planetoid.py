@@ -79,4 +79,4 @@ def load_planetoid(rest: str, spec: str) -> GraphData:
         m[idx] = True
         masks.append(m)
     info = {"dataset": name, "split": "planetoid standard", "features": f"binary bag of words, norm={opts.get('norm', 'none')}"}
-    return build_graph(name.lower(), n, src, dst, feats, labels, onehot.shape[1], masks, info, opts.symmetric, base + ".graph")
+    return build_graph(name.lower(), n, (src, dst), feats, labels, onehot.shape[1], masks, info, opts.symmetric, base + ".graph")

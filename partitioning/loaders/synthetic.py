@@ -15,5 +15,5 @@ def load_synthetic(rest: str, spec: str) -> GraphData:
     opts = Options(parse_options(optext, spec), spec, allowed | SPLIT_OPTIONS)
     n, src, dst, feats, labels, classes, info = gen(opts)
     masks, split_info = opts.split_masks(n)
-    return build_graph(info["dataset"], n, src, dst, feats, labels, classes, masks, {**info, **split_info},
+    return build_graph(info["dataset"], n, (src, dst), feats, labels, classes, masks, {**info, **split_info},
                        opts.symmetric, spec)

@@ -224,19 +224,24 @@ def feature_chunk_rows(row_bytes: int, target_bytes: int = 1 << 20) -> int:
 def write_partition_file(path: str, *, part_id: int, num_parts: int, node_start: int, num_nodes: int,
                          features: np.ndarray, labels, train_mask, val_mask, test_mask, orig_ids, in_degree,
                          indptr, indices, halo_nodes, halo_owners, halo_in_degree,
-                         encoding: FeatureEncoding | None = None) -> None:
-    """``features``: float32 rows, stored by ``encoding`` (default float32)."""
+                         encoding: FeatureEncoding | None = None, in_memory: bool = False) -> bytes | None:
+    """``features``: float32 rows, stored by ``encoding`` (default float32). ``in_memory``: build
+    the file in memory and return its bytes (the bytes a write to ``path`` gives; nothing is
+    written), so that the caller can write and hash it in one pass."""
     import h5py
 
     owned = features.shape[0]
     encoding = encoding or FeatureEncoding("float32", features.shape[1])
     stored = encoding.encode(features)
-    with h5py.File(path, "w") as f:
+    del features  # the caller's reference may be the last one: the file keeps the stored rows
+    f = h5py.File(path, "w", **({"driver": "core", "backing_store": False} if in_memory else {}))
+    try:
         f.attrs.update({"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "part_id": part_id,
                         "num_parts": num_parts, "node_start": node_start, "node_end": node_start + owned,
                         "num_nodes": num_nodes, "feature_dtype": encoding.name})
         f.create_dataset("features", data=stored, dtype=encoding.stored_dtype,
                          chunks=(min(max(owned, 1), feature_chunk_rows(encoding.row_bytes)), max(encoding.width, 1)) if owned else None)
+        del stored
         for name, arr, dtype in (("labels", labels, np.int64), ("train_mask", train_mask, bool),
                                  ("val_mask", val_mask, bool), ("test_mask", test_mask, bool),
                                  ("orig_ids", orig_ids, np.int64), ("in_degree", in_degree, np.int64),
@@ -244,6 +249,12 @@ def write_partition_file(path: str, *, part_id: int, num_parts: int, node_start:
                                  ("halo/nodes", halo_nodes, np.int64), ("halo/owners", halo_owners, np.int32),
                                  ("halo/in_degree", halo_in_degree, np.int64)):
             f.create_dataset(name, data=np.asarray(arr, dtype=dtype))
+        if in_memory:
+            f.flush()
+            return f.id.get_file_image()
+        return None
+    finally:
+        f.close()
 
 
 def _h5_path(directory: str, meta: PartitionMeta, part_id: int) -> str:

@@ -1,0 +1,181 @@
+"""``python -m partitioning --plan``: the predicted peak memory, disk and time of a run, before it.
+
+The sizes come from the spec without reading the graph (synthetic parameters, the headers of
+``.npz``/``.npy`` arrays, an edge list's size), or from ``--like``. The model adds up what each
+phase holds (``phase_bytes``), in the pipeline's own array types; METIS's internal memory and the
+time rates are fitted to this host's measured runs (docs/partitioning.md, bench/partition_memory.py).
+
+    N nodes, M directed edges entering the CSR buffer (both directions of every input edge),
+    E = kept directed edges (M less duplicates: RMAT keeps ~0.94 of M, files are assumed to keep all),
+    D feature columns (float32 on input), K parts, I = 4 bytes a node ID (8 from 2^31 nodes).
+"""
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from partitioning.graph import InputError
+from partitioning.spec import Options, parse_options, positional
+
+# Fitted on this host (docs/partitioning.md, "The memory model"): METIS 5.2 with DROPEDGES and
+# three constraints, bytes beyond its input arrays, fitted on RMAT-21 and RMAT-22 (RMAT-20 needs
+# less: about 33 an edge, so smaller graphs are overestimated); the interpreter with numpy, h5py
+# and METIS loaded.
+METIS_BYTES_PER_EDGE = 46.0
+METIS_BYTES_PER_NODE = 150.0
+# The multilevel path beyond METIS's indices (partitioning/multilevel.py): RMAT-20's measured
+# 1.39 GiB over the loaded graph and 92.8 CPU s (docs/partitioning.md, "Graphs beyond 2^31 edges")
+MULTILEVEL_BYTES_PER_EDGE = 47.5
+MULTILEVEL_SECONDS_PER_EDGE = 2.96e-6
+METIS_EDGE_LIMIT = 2**31 - 1
+BASELINE_BYTES = 84 << 20
+CHUNK_TEMP_BYTES = 4 * (1 << 22) * 12  # the CSR builder's temporaries for one 4M-edge chunk
+BLOCK_BYTES = 1 << 26
+RMAT_KEPT = 0.94
+# CPU seconds per unit on this host (one core of two), from RMAT-20's run: a rough guide (the
+# host was shared when it was measured; docs/partitioning.md)
+SECONDS = {"generate_per_edge": 7.2e-7, "csr_per_edge": 3.6e-7, "metis_per_edge": 8.5e-7,
+           "write_per_edge": 2.5e-7, "write_per_feature_byte": 1.0e-8}
+
+
+@dataclass
+class GraphSize:
+    name: str
+    nodes: int
+    directed_edges: int  # M: entering the CSR buffer
+    kept_fraction: float  # E / M
+    feat_dim: int
+    classes: int
+    generated: bool  # the synthetic generator: its edges and label votes are held while loading
+    archive: bool = False  # an OGB data.npz, whose members need scratch space when compressed
+
+
+PRESETS = {
+    # ogbn-papers100M: 111,059,956 nodes, 1,615,685,872 edges (both directions added), 128 float32 features, 172 classes
+    "papers100M": GraphSize("ogbn-papers100M", 111_059_956, 2 * 1_615_685_872, 1.0, 128, 172, False, True),
+    # ogbn-products: 2,449,029 nodes, 61,859,140 undirected edges, 100 features, 47 classes
+    "products": GraphSize("ogbn-products", 2_449_029, 2 * 61_859_140, 1.0, 100, 47, False),
+}
+
+
+def _npy_shape(path: str, key: str) -> tuple[int, ...]:
+    with zipfile.ZipFile(path) as zf, zf.open(f"{key}.npy") as f:
+        version = np.lib.format.read_magic(f)
+        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        return reader(f)[0]
+
+
+def size_of_spec(spec: str) -> GraphSize:
+    kind, _, rest = spec.partition(":")
+    if kind == "synthetic":
+        gen, _, optext = rest.partition(":")
+        opts = Options(parse_options(optext, spec), spec, set(parse_options(optext, spec)))
+        if gen == "rmat":
+            scale, factor = opts.int("scale", 10), opts.int("edge_factor", 16)
+            return GraphSize(f"rmat-s{scale}", 1 << scale, 2 * (factor << scale), RMAT_KEPT if opts.symmetric else 0.97,
+                             opts.int("feat_dim", 64), opts.int("classes", 8), True)
+        if gen == "sbm":
+            n = opts.int("nodes", 10000)
+            return GraphSize(f"sbm-n{n}", n, 2 * int(n * opts.float("avg_degree", 10.0) / 2), 1.0,
+                             opts.int("feat_dim", 32), opts.int("blocks", 8), False)
+    if kind == "ogb":
+        (root, name), _ = positional(rest, spec, 2, "ogb:DIR:NAME")
+        data = next((os.path.join(d, "raw", "data.npz") for d in (os.path.join(root, name.replace("-", "_")),
+                                                                   os.path.join(root, name), root)
+                     if os.path.isfile(os.path.join(d, "raw", "data.npz"))), None)
+        if data:
+            edges, feats = _npy_shape(data, "edge_index"), _npy_shape(data, "node_feat")
+            return GraphSize(name, feats[0], 2 * edges[1], 1.0, feats[1], 0, False, True)
+    if kind == "edgelist":
+        path = rest.partition(",")[0]
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                sample = f.read(1 << 20)
+            lines = max(1, sample.count(b"\n"))
+            edges = int(os.path.getsize(path) / (len(sample) / lines))
+            top = max(int(x) for x in sample.replace(b",", b" ").split() if x.isdigit()) + 1
+            return GraphSize(os.path.basename(path), top, 2 * edges, 1.0, 2, 1, False)
+    raise InputError("--plan", f"sizes of '{spec}' are not known without loading it: give --like, or a synthetic, "
+                               "ogb (data.npz) or edgelist spec")
+
+
+def assign_method(method: str, edges: float) -> str:
+    """The method a run takes: auto is METIS up to its index limit, the multilevel path beyond."""
+    return ("metis" if edges <= METIS_EDGE_LIMIT else "multilevel") if method == "auto" else method
+
+
+def phase_bytes(g: GraphSize, parts: int, method: str = "auto") -> dict[str, float]:
+    """Bytes each phase holds beyond the interpreter (the model; see the module docstring)."""
+    n, m, d = g.nodes, g.directed_edges, g.feat_dim
+    e = m * g.kept_fraction
+    i = 4 if n < 2**31 else 8
+    node_data = 8 * n + 3 * n  # labels, masks
+    # generator: its edges as int32 pairs, the label votes (two N x C float64), degree arrays
+    generate = (8 * m / 2 + 16 * n * max(g.classes, 1) + 40 * n) if g.generated else 0
+    held_input = 8 * m / 2 if g.generated else 0
+    csr = held_input + node_data + i * m + 16 * n + CHUNK_TEMP_BYTES  # buffer of every edge in, counts, cursors
+    # METIS: the CSR as its adjncy, int32 xadj and three weights a node, and its own arrays
+    assign = node_data + i * e + 8 * n + (4 + 12) * n + METIS_BYTES_PER_EDGE * e + METIS_BYTES_PER_NODE * n
+    if assign_method(method, e) == "multilevel":
+        assign = node_data + i * e + 8 * n + MULTILEVEL_BYTES_PER_EDGE * e
+    elif method == "random":  # a permutation and the parts: arrays per node only
+        assign = node_data + i * e + 8 * n + 24 * n
+    e_part, n_part = e / parts, n / parts
+    part_features = 4 * d * n_part
+    # a part: its rows' positions, sources, sort keys and hash rows (8 + 4 + 8 + 8 bytes an edge), its file
+    # built in memory and that image's bytes (the CSR twice, the features twice), and its float32 rows
+    part = 44 * e_part + 100 * n_part + 3 * part_features + BLOCK_BYTES
+    per_node = (8 + 4 + 8) * n  # orig_of_new, new_of_orig, in-degree by new ID
+    write = node_data + i * e + 8 * n + per_node + part
+    return {"generate": generate, "csr": csr, "assign": assign, "write": write, "part_features": part_features,
+            "edges": e, "other_rank": (4 + 8) * n + part}
+
+
+def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict:
+    phases = phase_bytes(g, parts, method)
+    peak_phase = max(("generate", "csr", "assign", "write"), key=phases.get)
+    peak = BASELINE_BYTES + phases[peak_phase]
+    n, m, d, e = g.nodes, g.directed_edges, g.feat_dim, phases["edges"]
+    disk = 4 * d * n + 8 * e + 60 * n + 4096 * parts  # float32 features (compact types: less), CSR, node data
+    scratch = 4 * d * n if g.generated else 0
+    if g.archive:  # a compressed data.npz: edges and features decompressed to scratch (none if stored)
+        scratch = 8 * m + 4 * d * n
+    seconds = {"generate": SECONDS["generate_per_edge"] * m / 2 if g.generated else 0.0,
+               "csr": SECONDS["csr_per_edge"] * m,
+               "assign": {"metis": SECONDS["metis_per_edge"], "multilevel": MULTILEVEL_SECONDS_PER_EDGE,
+                          "random": 0.0}[assign_method(method, e)] * e,
+               "write": (SECONDS["write_per_edge"] * e + SECONDS["write_per_feature_byte"] * 4 * d * n) / ranks}
+    return {"graph": g, "parts": parts, "ranks": ranks, "method": method, "phases": phases, "peak_phase": peak_phase,
+            "peak_bytes": peak,
+            "other_rank_bytes": BASELINE_BYTES + phases["other_rank"],
+            "bytes_per_edge": (peak - BASELINE_BYTES - phases["part_features"]) / e, "disk_bytes": disk,
+            "scratch_bytes": scratch, "seconds": seconds, "total_seconds": sum(seconds.values())}
+
+
+def plan_for(spec_or_name: str, parts: int, ranks: int = 1, like: bool = False, method: str = "auto") -> dict:
+    if parts < 1 or ranks < 1:
+        raise InputError("--num-parts", f"{parts} parts on {ranks} ranks: both must be >= 1")
+    return plan(PRESETS[spec_or_name] if like else size_of_spec(spec_or_name), parts, ranks, method)
+
+
+def format_plan(p: dict) -> str:
+    g, gib = p["graph"], 2**30
+    method = {"metis": "METIS", "random": "random",
+              "multilevel": "the multilevel path, at its RMAT-20 rates"}[assign_method(p["method"], p["phases"]["edges"])]
+    lines = [f"plan for {g.name}: {g.nodes} nodes, {g.directed_edges} directed edges in ({p['phases']['edges']:.0f} kept), "
+             f"{g.feat_dim} features, {p['parts']} parts, {p['ranks']} rank(s)",
+             f"predicted peak memory {p['peak_bytes'] / gib:.2f} GiB (rank 0, in the {p['peak_phase']} phase; "
+             f"{p['bytes_per_edge']:.1f} bytes a directed edge beside one part's features)"
+             + (f"; other ranks {p['other_rank_bytes'] / gib:.2f} GiB" if p["ranks"] > 1 else ""),
+             f"  {'phase':<9} {'memory':>12} {'time':>8}"]
+    lines += [f"  {name:<9} {p['phases'][name] / gib:8.2f} GiB {p['seconds'][name]:8.0f} s"
+              for name in ("generate", "csr", "assign", "write")]
+    lines.append(f"  (assign: {method}; write: shared by {p['ranks']} rank(s))")
+    lines.append(f"predicted disk {p['disk_bytes'] / gib:.2f} GiB of partitions (float32 features; compact types "
+                 f"less), scratch {p['scratch_bytes'] / gib:.2f} GiB"
+                 + (" if data.npz is compressed (0 if stored)" if g.archive else ""))
+    lines.append(f"predicted time {p['total_seconds']:.0f} s at this host's rates (2 cores; docs/partitioning.md)")
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""The partitioning path for graphs beyond METIS's 32-bit indices (partitioning/multilevel.py),
+run on small graphs by lowering the limit, and ``--method auto``'s choice between it and METIS."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import BUNDLED_CORA, run_cli
+
+from partitioning import metis, multilevel
+from partitioning.graph import InputError
+from partitioning.partition import partition_graph
+from partitioning.sources import load_spec
+from partitioning.verify import verify
+from rudder.data.partition_store import METADATA_FILE, PartitionMeta
+
+SBM = "synthetic:sbm:nodes=3000,blocks=6,avg_degree=8,feat_dim=8,seed=2"
+
+
+def csr_and_weights(graph):
+    """The undirected CSR and the three balance weights a node (node-major) that the partitioner
+    gives METIS, for symmetrised inputs."""
+    n = graph.num_nodes
+    xadj = np.concatenate([[0], np.cumsum(np.bincount(graph.dst, minlength=n))]).astype(np.int64)
+    train = graph.train_mask.astype(np.int64)
+    return xadj, graph.src, np.stack([1 - train, train, np.diff(xadj)], axis=1).reshape(-1)
+
+
+def imbalance(meta) -> np.ndarray:
+    """Heaviest part over the average for each constraint: other nodes, training nodes, degree."""
+    w = np.array([[p.num_owned - p.num_train, p.num_train, p.num_in_edges] for p in meta.parts], dtype=float)
+    return w.max(axis=0) / w.mean(axis=0)
+
+
+def test_auto_takes_multilevel_above_the_limit(tmp_path):
+    """With the limit at half the SBM's edges, the CLI's auto coarsens below it: verify accepts
+    the result, the console and metadata.json say what ran and why, the three constraints stay
+    balanced and the cut stays within 1.15x METIS's on the same graph."""
+    graph = load_spec(SBM)
+    limit = graph.num_edges // 2
+    out = tmp_path / "parts"
+    proc = run_cli("--input", SBM, "--num-parts", 3, "--out", out, env={multilevel.EDGE_LIMIT_ENV: str(limit)})
+    assert proc.returncode == 0, proc.stderr
+    assert f"partitioned with multilevel (auto: {graph.num_edges} directed edges > METIS's limit {limit}" in proc.stdout
+    assert verify(str(out))["num_edges"] == graph.num_edges  # what `python -m partitioning verify` runs
+    with open(out / METADATA_FILE) as f:
+        record = json.load(f)
+    assert record["method"] == "multilevel" and record["partitioner"]["requested_method"] == "auto"
+    levels = record["partitioner"]["levels"]
+    assert levels[0] == [graph.num_nodes, graph.num_edges] and len(levels) >= 2 and levels[-1][1] <= limit
+    assert (imbalance(PartitionMeta.load(str(out))) <= 1.05).all()
+    xadj, adjncy, vweights = csr_and_weights(graph)
+    metis_cut, _ = metis.part_graph_kway(xadj, adjncy, vweights, 3, 3, 0)
+    assert record["partitioner"]["edge_cut"] <= 1.15 * metis_cut
+
+
+def test_auto_is_metis_below_the_limit(tmp_path):
+    """Under the limit auto runs METIS: the same part files, bit for bit, as --method metis."""
+    graph = load_spec(f"planetoid:{BUNDLED_CORA}:cora")
+    auto, _ = partition_graph(graph, 3, str(tmp_path / "auto"), method="auto")
+    plain, _ = partition_graph(graph, 3, str(tmp_path / "metis"), method="metis")
+    assert [p.sha256 for p in auto.parts] == [p.sha256 for p in plain.parts]
+    assert auto.method == "metis" and auto.partitioner["requested_method"] == "auto"
+    assert auto.partitioner["reason"] == f"auto: 10556 directed edges <= METIS's limit {metis.index_limit()}"
+
+
+def test_weights_beyond_metis_indices_are_scaled(monkeypatch):
+    """A METIS build whose indices end at 4000 (papers100M against 2^31, in small): auto coarsens to
+    half of it, and the summed weights that exceed it are divided before METIS sees them."""
+    w = np.array([[5, 1], [3, 1], [10, 1]])
+    scaled = multilevel.scale_to(w, 6)
+    assert scaled[:, 0].sum() <= 6 and (scaled >= 1).all() and np.array_equal(scaled[:, 1], w[:, 1])
+    graph = load_spec("synthetic:rmat:scale=9,edge_factor=8,feat_dim=4,classes=4,seed=1")
+    xadj, adjncy, vweights = csr_and_weights(graph)
+    monkeypatch.setattr(metis, "index_limit", lambda: 4000)
+    result = multilevel.assign("auto", xadj, adjncy, vweights, 3, 4, 0)
+    assert result.method == "multilevel" and result.levels[-1][1] <= 2000 < graph.num_edges
+    assert np.array_equal(np.unique(result.parts), np.arange(4))
+    weights = np.stack([np.bincount(result.parts, weights=vweights[c::3], minlength=4) for c in range(3)], axis=1)
+    assert (weights.max(axis=0) <= 1.10 * weights.mean(axis=0)).all()
+
+
+def test_bad_limit_names_the_variable(monkeypatch):
+    monkeypatch.setenv(multilevel.EDGE_LIMIT_ENV, "lots")
+    with pytest.raises(InputError, match=f"^{multilevel.EDGE_LIMIT_ENV}: 'lots' is not a positive integer$"):
+        multilevel.edge_limit()
