@@ -63,13 +63,17 @@ def run_train(ranks: int, *args, timeout=300, env=None):
 def run_trains(ranks: int, jobs: list, workdir, timeout=600, env=None):
     """Several training jobs of ``ranks`` ranks in one launch (tests/mpi_scripts/train_many.py):
     ``jobs``, a list of argument lists as ``run_train`` takes them, run one after another in the
-    same processes. A check of each job's logs is a check of that job, as launched alone; only
-    the start-up's imports are paid once."""
+    same processes (``{"argv": [...], "trainers_only": True}``: a job without the agent ranks of
+    the others, see train_many.py). A check of each job's logs is a check of that job, as
+    launched alone; only the start-up's imports are paid once."""
     import json
+
+    def entry(job):
+        return ({**job, "argv": [str(a) for a in job["argv"]]} if isinstance(job, dict) else [str(a) for a in job])
 
     path = os.path.join(str(workdir), f"jobs-{len(os.listdir(str(workdir)))}.json")
     with open(path, "w") as f:
-        json.dump([[str(a) for a in args] for args in jobs], f)
+        json.dump([entry(job) for job in jobs], f)
     return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, os.path.join(REPO, "tests", "mpi_scripts",
                                                                                        "train_many.py"), path],
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))

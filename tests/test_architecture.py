@@ -15,7 +15,7 @@ from conftest import REPO
 # last and do not import each other; netem (the shaped network) imports no other layer at all and
 # no layer imports it. The entry modules kept for ``python -m`` names come
 # after everything and nothing imports them.
-LAYERS = ["registry", "comm", "logs", "data", "sampling", "agent", "prefetch", "train", "sim", "analysis", "netem"]
+LAYERS = ["registry", "comm", "logs", "data", "sampling", "agent", "prefetch", "train", "sim", "plan", "analysis", "netem"]
 ENTRY_MODULES = {"rudder.analyze", "rudder.simulate", "rudder.classifier"}
 MPI = "mpi4py"
 # Imports of the library made inside a function on purpose, none of them dodging a cycle (the

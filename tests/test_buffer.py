@@ -164,8 +164,12 @@ def test_window_buffer_equals_its_definition(case):
     ref = ReferenceWindow(ours.capacity, admissible, num_nodes)
     for b, nodes in enumerate(arrays):
         future = arrays[b + 1:b + 1 + window]
-        if b in breaks and b % 2:
-            ours.load_state_dict(ours.state_dict())
+        if b in breaks and b % 2:  # restored into a new buffer, its rows read again as a resumed run does
+            state, ours = ours.state_dict(), WindowBuffer(capacity, halo, owned, num_nodes, dim=1, scope=scope)
+            ours.queue.chunk = 2
+            ours.load_state_dict(state)
+            assert "features" not in state
+            read_again(ours)
         elif b in breaks:
             future = [a.copy() for a in arrays[b + 2:b + 2 + window]]  # equal content, new arrays: not the last window
         look = ours.lookup(nodes)
@@ -250,6 +254,14 @@ def test_two_trainers_sharing_a_buffer_read_only_arrived_rows(ops, init, compat,
             assert buf.held.tolist() == np.bincount(buf.owner, minlength=3).tolist()
 
 
+def read_again(buf) -> None:
+    """What a resumed run does after restoring a buffer from a checkpoint (which keeps no rows):
+    the rows of its ``held_rows`` read from their owners (here each row is its node's ID)."""
+    buf.features[:] = -1  # whatever a row not read again holds, a hit on it would fail the checks
+    slots, ids = buf.held_rows()
+    buf.features[slots, 0] = ids
+
+
 def node_of_three(split: str) -> list[ScoredBuffer]:
     """Three trainers sharing one buffer (each row: its node's ID), the first one filling it."""
     shared, trainers = SharedArrays(), []
@@ -291,9 +303,11 @@ def test_a_node_shared_buffer_resumes_from_its_first_trainers_state(split):
             original[who].settle(None, rep, rep.inserted.astype(np.float32)[:, None], None, [])
     states = [b.state_dict(node=t == 0) for t, b in enumerate(original)]
     assert "ids" in states[0] and "ids" not in states[1] and ("owner" in states[0]) == (split == "quota")
+    assert not any("features" in state for state in states)  # IDs and scores, no rows
     restored = node_of_three(split)
     for b, state in zip(restored, states):
         b.load_state_dict(state)
+    read_again(restored[0])
     ops = rng.bit_generator.state
     for node in (original, restored):
         rng.bit_generator.state = ops
@@ -313,6 +327,7 @@ def test_a_node_shared_buffer_resumes_from_its_first_trainers_state(split):
     restored = node_of_three(split)
     for b, state in zip(restored, states):
         b.load_state_dict(state)
+    read_again(restored[0])
     awaited = np.flatnonzero(restored[0].ids >= restored[0].pending_base)
     assert awaited.size and not np.isin(awaited, restored[0].slot_of).any()
     turns(restored, rng, 60, [None] * 3)

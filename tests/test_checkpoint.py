@@ -1,8 +1,10 @@
 """Checkpoint and resume with real MPI jobs on Cora: a run killed with SIGKILL after a periodic
 checkpoint, then resumed with --resume, ends bit-identical to the uninterrupted run (every
-minibatch row, every epoch's parameter digest and accuracy) with no row lost or repeated; a
-SIGTERM (Slurm's warning before the time limit) takes a checkpoint and stops cleanly; agent
-contexts and the tuner's arms survive; bad --resume input is one line."""
+minibatch row, every epoch's parameter digest and accuracy) with no row lost or repeated; the
+checkpoint holds the buffer's node IDs and scores, not its rows, which the resumed run reads
+again (and a format-4 checkpoint, rows in it, resumes the same); a SIGTERM (Slurm's warning
+before the time limit) takes a checkpoint and stops cleanly; agent contexts and the tuner's arms
+survive; bad --resume input is one line."""
 from __future__ import annotations
 
 import json
@@ -57,7 +59,8 @@ def assert_same_run(a_run, b_run):
         assert b["status"] == "completed" and b["attrs"]["resumed"]
         for column in COLUMNS:
             np.testing.assert_array_equal(a["minibatches"][column], b["minibatches"][column], err_msg=column)
-        for column in ("epoch", "complete", "param_digest", "val_acc", "test_acc", "steps"):
+        for column in ("epoch", "complete", "param_digest", "val_acc", "test_acc", "steps", "eval_inference",
+                       "eval_rows_shared", "eval_rows_rma"):
             np.testing.assert_array_equal(a["epochs"][column], b["epochs"][column], err_msg=column)
 
 
@@ -98,14 +101,66 @@ def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(parts, uninterrup
     assert job.returncode != 0
     killed_at = latest_counter(run)
     assert (killed_at + 1) % 7 == 0
-    # rank 0's log as a version before the CPU columns wrote it: the resumed run goes on in it all the same
+    held = no_feature_rows(parts, run, killed_at)
+    # rank 0's log as a version before the CPU columns wrote it, and the checkpoint as format 4 wrote
+    # it (rank 0's buffer rows in it, here zeros): the resumed run goes on all the same, its rows read again
     as_older_log(os.path.join(run, "rank-00000.h5"))
+    as_format_4(parts, run, killed_at)
     proc = run_train(2, "--resume", run, "--epochs", "20", "--progress", "none")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_run(uninterrupted["fixed"], run)
     logs = read_logs(run)
     assert logs[0]["attrs"]["resumed"][0]["rows"]["minibatches"] == killed_at + 1
+    assert [log["run"]["buffer_fill_rows"] for log in logs] == held  # the resumed buffers' rows, read again
     assert np.isnan(logs[0]["minibatches"]["cpu_sample"]).all() and (logs[1]["minibatches"]["cpu_sample"] > 0).all()
+
+
+def rank_states(run: str, counter: int) -> list[dict]:
+    where = os.path.join(run, "checkpoint", f"minibatch-{counter:09d}")
+    return [torch.load(os.path.join(where, f"rank-{r:05d}.pt"), weights_only=False) for r in range(2)]
+
+
+def no_feature_rows(parts: str, run: str, counter: int) -> list[int]:
+    """Asserts that no array in the trainers' checkpoint files is as wide as a feature row, and
+    returns the real rows each buffer held (what a resumed trainer must read again: some)."""
+    from rudder.data.partition_store import PartitionMeta
+
+    meta = PartitionMeta.load(parts)
+
+    def arrays(value):
+        if isinstance(value, dict):
+            for v in value.values():
+                yield from arrays(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                yield from arrays(v)
+        elif isinstance(value, (np.ndarray, torch.Tensor)):
+            yield value
+
+    held = []
+    for state in rank_states(run, counter):
+        assert not [a.shape for a in arrays(state) if a.ndim == 2 and a.shape[0] > 1 and a.shape[1] == meta.feat_dim]
+        ids = state["assembly"]["buffer"]["ids"]
+        held.append(int(np.count_nonzero(ids < meta.num_nodes)))
+    assert min(held) > 0
+    return held
+
+
+def as_format_4(parts: str, run: str, counter: int) -> None:
+    """Rewrite the checkpoint as format 4 wrote it: ``latest.json``'s version, and rank 0's buffer
+    with its rows (zeros here: a resumed run must read the rows again, not take them)."""
+    from rudder.data.partition_store import PartitionMeta
+
+    path = os.path.join(run, "checkpoint", "latest.json")
+    with open(path) as f:
+        record = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**record, "format_version": 4}, f)
+    file = os.path.join(run, "checkpoint", f"minibatch-{counter:09d}", "rank-00000.pt")
+    state = torch.load(file, weights_only=False)
+    buffer = state["assembly"]["buffer"]
+    buffer["features"] = np.zeros((buffer["ids"].size, PartitionMeta.load(parts).feat_dim), dtype=np.float32)
+    torch.save(state, file)
 
 
 SHIFT = "12:fanouts=3,3;seeds=0.5"  # counter 108 on: far past the first checkpoint the run is killed after
@@ -259,7 +314,8 @@ def test_bad_resume_input_is_one_line(parts, uninterrupted, tmp_path):
     assert parse_config(["--resume", str(tmp_path / "run"), "--epochs", "50"]).training.epochs == 50
     (tmp_path / "old" / "checkpoint").mkdir(parents=True)  # written by an earlier version: refused, one line
     (tmp_path / "old" / "checkpoint" / "latest.json").write_text(json.dumps({**record, "format_version": 1}))
-    with pytest.raises(ConfigError, match="checkpoint format 1 is not supported"):
+    with pytest.raises(ConfigError, match=r"old/checkpoint/latest.json is of checkpoint format 1, which is not "
+                                          r"supported \(expected format 4 or 5"):
         parse_config(["--resume", str(tmp_path / "old")])
     proc = run_train(2, "--resume", tmp_path / "run")  # a 3-rank checkpoint, 2 ranks launched
     assert proc.returncode == 2 and "3-rank job" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -1,7 +1,9 @@
 """One thread of a rank inside MPI at a time (rudder.comm.gate, issue 38): the lock's waits let the
 other thread in, a training run with the lock has no two threads inside MPI at once (counted below
-Python by bench/mpi_overlap.py's shim) and trains bit-identically to one without it, and the
-stress harness (bench/replica_stress.py) runs and forces the overlap the lock removes."""
+Python by bench/mpi_overlap.py's shim), its RMA progress thread included (rudder.comm.progress,
+issue 40), and trains bit-identically to one without it, and the stress harness
+(bench/replica_stress.py) runs and forces the overlap the lock removes. The progress thread serves
+a read from an owner that computes outside MPI before the owner's compute ends."""
 from __future__ import annotations
 
 import contextlib
@@ -14,9 +16,9 @@ import time
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, read_logs, run_trains
+from conftest import BUNDLED_CORA, REPO, mpiexec, read_logs, run_trains
 
-from rudder.comm import gate
+from rudder.comm import gate, progress
 
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import mpi_overlap  # noqa: E402
@@ -65,15 +67,62 @@ def test_a_collective_goes_through_the_lock_and_the_switch_restores_the_old_wait
         gate.enable(True)
 
 
+def test_the_progress_thread_polls_only_while_no_thread_of_the_rank_is_in_mpi():
+    """It calls MPI while the rank's threads are out of it, never while another holds the lock,
+    and the auto rule runs it only where another node reads the rank's rows and its threads have a
+    core each."""
+    from mpi4py import MPI
+
+    thread = progress.ProgressThread(MPI.COMM_SELF, interval=1e-3)
+    try:
+        time.sleep(0.2)
+        assert thread.polls > 0, "no progress call while the rank was out of MPI"
+        with gate.held():  # another thread inside MPI
+            before = thread.polls
+            time.sleep(0.2)
+            assert thread.polls == before, "a progress call beside a thread holding the MPI lock"
+    finally:
+        thread.close()
+    assert progress.resolve("auto", 2, True, 16) == "thread" and progress.resolve("auto", 1, True, 16) == "off"
+    assert progress.resolve("auto", 4, False, 16) == "off" and progress.resolve("auto", 4, True, 1) == "off"
+    assert progress.resolve("thread", 1, False, 1) == "thread" and progress.resolve("off", 4, True, 16) == "off"
+    with pytest.raises(ValueError, match="--rma-progress on: expected one of auto, thread, off"):
+        progress.resolve("on", 2, True, 16)
+
+
+def test_a_read_from_an_owner_computing_outside_mpi_ends_before_its_compute(tmp_path):
+    """Two emulated nodes over OFI/TCP, one indexed Get of 1,000 rows of the other node's partition,
+    whose owner sleeps in Python without entering MPI: without the owner's progress thread the read
+    waits for the owner's whole sleep (0.5 s: the setting reproduces the wait); with it, it ends well
+    within the owner's 3 s sleep."""
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+
+    parts = tmp_path / "p"
+    partition_graph(load_spec("synthetic:sbm:nodes=4000,blocks=4,avg_degree=4,feat_dim=64,seed=3"), 2, str(parts),
+                    method="random", feature_dtype="float32")
+    env = dict(os.environ, MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp", MPIR_CVAR_NUM_CLIQUES="2",
+               OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
+                           os.path.join(REPO, "tests", "mpi_scripts", "check_busy_owner.py"), str(parts), "0.5", "3"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    took = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert took["off"][0] >= 0.8 * took["off"][1], f"the read did not wait for the owner without the thread: {took}"
+    assert took["thread"][0] < 0.5 * took["thread"][1], f"the read waited for the owner's compute: {took}"
+
+
 def cora_jobs(parts, run, lock: str) -> list[str]:
     return ["--data", parts, "--run-dir", run, "--policy", "fixed", "--delta", "3", "--epochs", "2", "--batch-size", "8",
-            "--mpi-wait", "spin", "--mpi-lock", lock, "--checkpoint-every", "5", "--eval-every", "1", "--progress", "none"]
+            "--mpi-wait", "spin", "--mpi-lock", lock, "--checkpoint-every", "5", "--eval-every", "1", "--progress", "none",
+            "--rma-progress", "thread"]
 
 
 def test_training_with_the_lock_never_has_two_threads_in_mpi_and_trains_as_without(tmp_path):
     """Cora at 4 ranks, each its own emulated node, ``spin`` waits, with the evaluation's windows and
-    a checkpoint's barrier beside the pipeline thread: with the lock, no MPI call of any rank began
-    while another thread of it was inside MPI; without it, the same losses bit for bit."""
+    a checkpoint's barrier beside the pipeline thread and the RMA progress thread: with the lock,
+    no MPI call of any rank began while another thread of it was inside MPI; without it, the same
+    losses bit for bit."""
     shim = mpi_overlap.build(str(tmp_path / "shim"))
     if shim is None:
         pytest.skip("the overlap shim needs x86-64 Linux, gcc, nm and the mpich wheel's libmpi")
@@ -93,6 +142,8 @@ def test_training_with_the_lock_never_has_two_threads_in_mpi_and_trains_as_witho
     assert total["overlaps"] == 0, f"two threads of a rank inside MPI at once: {total['pairs']}"
     on, off = read_logs(tmp_path / "on"), read_logs(tmp_path / "off")
     assert [log["status"] for log in on + off] == ["completed"] * 8
+    assert {log["run"]["rma_progress"] for log in on} == {"thread"}
+    assert sum(log["attrs"]["rma_progress_polls"] for log in on) > 0, "the progress thread never called MPI"
     for a, b in zip(on, off):
         assert a["minibatches"]["loss"].tobytes() == b["minibatches"]["loss"].tobytes()
         assert a["minibatches"]["global_loss"].tobytes() == b["minibatches"]["global_loss"].tobytes()

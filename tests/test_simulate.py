@@ -233,3 +233,50 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     ok = simulate("--validate", shaped, "--machine", profile, "--workers", "1")
     assert ok.returncode == 0 and ", match " in ok.stdout and "on host-250mbit" in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_plan_figures_follow_the_partition_metadata(cora8):
+    """python -m rudder.plan on 8 partitions, 4 trainers a node: each trainer's own rows, halo,
+    part-file reads and buffer as its metadata counts them, the node's first trainer reading the
+    replicated CSR, remote rows from the simulator's sampling, and the job script's lines."""
+    from rudder.data.partition_store import PartitionMeta
+    from rudder.plan.cli import plan
+
+    meta = PartitionMeta.load(cora8)
+    p = plan(["--data", cora8, "--policy", "heuristic", "--buffer-fraction", "0.5", "--trainers-per-node", "4"])
+    assert p["minibatches"] == "simulated" and p["topology"] == "replicated"
+    assert p["layout"]["nodes"] == 2 and p["layout"]["tasks"] == 10  # an agent a node for heuristic
+    csr = 8 * sum(info.num_owned + 1 + info.num_in_edges for info in meta.parts)
+    for r, info in zip(p["ranks"], meta.parts):
+        assert (r["owned"], r["halo"]) == (info.num_owned, info.num_halo)
+        assert r["memory"]["features"] == info.num_owned * meta.feature_encoding.row_bytes
+        assert r["memory"]["graph"] >= csr // 4
+        assert r["startup_io"]["checksum"] == os.path.getsize(os.path.join(cora8, info.file))
+        assert r["startup_io"]["CSR"] == (csr if r["trainer"] % 4 == 0 else 0)
+        assert r["memory"]["buffer"] >= (info.num_halo // 2) * meta.feat_dim * 4  # float32 rows of B = f x halo
+        assert 0 < r["remote_rows_per_epoch"] and r["checkpoint"]["a trainer"] > 0
+    assert "--ntasks=10 --ntasks-per-node=5" in p["launch"]["srun"]
+    assert "sbatch -N 2 jobscripts/cpu.sbatch" in p["launch"]["sbatch"]
+
+
+def test_plan_from_published_statistics_prints(capsys):
+    from rudder.plan.cli import main
+
+    assert main(["--like", "papers100M", "--ranks", "256", "--policy", "none", "--fanouts", "5,10"]) == 0
+    out = capsys.readouterr().out
+    assert "papers100M: 111,059,956 nodes" in out and "256 trainers on 64 nodes (256 tasks)" in out
+    assert "srun --ntasks=256 --ntasks-per-node=4" in out and "--fanouts 5,10" in out
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--like", "papers100M"], "--ranks 0: expected the trainer ranks"),
+    (["--like", "products", "--ranks", "4", "--edge-cut", "2"], "--edge-cut 2.0: expected a share in [0, 1]"),
+    (["--data", "MISSING"], "MISSING: not a directory"),
+    (["--like", "products", "--ranks", "4", "--policy", "nope"], "--policy 'nope'"),
+])
+def test_plan_bad_input_is_one_line(capsys, args, expected):
+    from rudder.plan.cli import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err, err

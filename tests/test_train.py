@@ -17,6 +17,8 @@ import pytest
 from conftest import BUNDLED_CORA, REPO, SHARED_DATA, mpiexec, run_train, run_trains, shared_dataset, train_command
 from conftest import read_logs as logs
 
+from rudder.logs.schema import EVAL_INFERENCES
+
 CORA_SHARED = os.path.join(SHARED_DATA, "planetoid", "ind.cora.graph")
 # Cora, for the accuracy comparison: hidden 128 keeps seed-to-seed spread near 1 point
 # (hidden 16 spreads about 1.5); batch 16 per trainer x 4 trainers ~ the reference's 48.
@@ -141,6 +143,27 @@ def test_torch_layer_trains_as_dgls_on_cora(cora_impls):
     assert 0.74 < accuracy["torch"] < 0.83, accuracy
 
 
+def test_the_log_holds_start_up_phases_and_memory_by_owner(cora4, cora_impls):
+    """Each trainer's ``startup`` table runs from the imports to its first minibatch, and its
+    ``memory`` rows count its own feature rows and graph arrays as rudder.plan predicts them from
+    the partition metadata alone (the same bytes: both are the arrays the trainer holds)."""
+    from rudder.data.partition_store import PartitionMeta
+    from rudder.plan.cli import plan
+
+    meta = PartitionMeta.load(cora4)
+    planned = plan(["--data", cora4, "--no-sample", "--policy", "none"])["ranks"]
+    for f in cora_impls[0]["torch"]:
+        phases = [p.decode() for p in f["startup"]["phase"]]
+        assert phases[0] == "imports" and phases[-1] == "first minibatch", phases
+        assert {"layout", "partition read", "feature windows", "adjacency", "buffer fill"} <= set(phases)
+        assert (f["startup"]["cpu_seconds"] >= 0).all() and (f["startup"]["pss_bytes"] > 0).all()
+        memory, part = f["memory"], f["layout"]["partition_id"]
+        assert [p.decode() for p in memory["point"]] == ["startup"] + ["epoch"] * 50 + ["evaluation"]
+        assert (memory["features_bytes"] == meta.parts[part].num_owned * meta.feature_encoding.row_bytes).all()
+        assert (memory["graph_bytes"] == planned[part]["memory"]["graph"]).all()
+        assert (memory["pss_bytes"] >= memory["pss_anon_bytes"]).all() and (memory["model_bytes"] > 0).all()
+
+
 def test_torch_layer_trains_as_dgls_on_facebook(tmp_path):
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
@@ -222,6 +245,12 @@ def test_log_contents(cora4, tmp_path):
         assert mb["rows_rma"].sum() > 0 and (mb["bytes_rma"] == mb["rows_rma"] * 180).all()
         assert (mb["input_halo"] <= mb["input_remote"]).all()
         assert np.isnan(ep["val_acc"][0]) and not np.isnan(ep["val_acc"][1]) and not np.isnan(ep["test_acc"][2])
+        # what the evaluations read: Cora scores 55% of its nodes, so --eval-inference auto takes layerwise,
+        # which reads the halo's rows (some from the other node by RMA); no evaluation, nothing read
+        layerwise = EVAL_INFERENCES.index("layerwise")
+        assert ep["eval_inference"].tolist() == [-1, layerwise, layerwise]
+        assert ep["eval_rows_rma"][0] == ep["eval_rows_shared"][0] == 0 and (ep["eval_rows_rma"][1:] > 0).all()
+        assert (ep["eval_bytes_rma"][1:] > 0).all() and ep["eval_rows_rma"][1] == ep["eval_rows_rma"][2]
         # each phase's CPU seconds: its thread's own, so no more than the phase's wall seconds (the two clocks are
         # read microseconds apart), and some for every minibatch sampled and trained
         for cpu, wall in (("cpu_sample", ["t_sample"]), ("cpu_fetch", ["t_fetch"]), ("cpu_copy", ["t_copy"]),

@@ -96,7 +96,7 @@ def test_vip_fill_is_the_top_of_the_halo_ranking(graph, fanouts):
     score = halo_ranking(SimulatedAdjacency(graph, 0, None, 0), seeds, 8.0, fanouts, halo)
     top = np.argsort(-score, kind="stable")[:buf.capacity]
     expected = np.sort(halo[top[score[top] > 0]])
-    slots, filled = buf.initial_rows()
+    slots, filled = buf.held_rows()
     np.testing.assert_array_equal(filled, expected)
     assert buf.occupancy == expected.size and buf.capacity == int(0.25 * halo.size)
     assert (expected.size < buf.capacity) == (fanouts == [3])
@@ -114,8 +114,8 @@ def test_vip_fill_with_scope_remote_reaches_past_the_halo(graph):
     ids, q = inclusion_probabilities(SimulatedAdjacency(graph, 0, None, 0), seeds, 8.0, [10, 25])
     remote = (ids < p.node_start) | (ids >= p.node_end)
     ids, q = ids[remote], q[remote]
-    np.testing.assert_array_equal(buf.initial_rows()[1], np.sort(ids[np.argsort(-q, kind="stable")[:buf.capacity]]))
-    assert not np.isin(buf.initial_rows()[1], p.halo_nodes).all()
+    np.testing.assert_array_equal(buf.held_rows()[1], np.sort(ids[np.argsort(-q, kind="stable")[:buf.capacity]]))
+    assert not np.isin(buf.held_rows()[1], p.halo_nodes).all()
 
 
 def test_each_neighbour_list_is_read_once(graph):

@@ -23,6 +23,9 @@ in MPI (docs/network.md, "Keeping the wire busy"). Two ways to issue the Gets:
   MPI: the same read took 300 ms, the owner's whole compute phase (measured with
   ``MPIR_CVAR_NUM_CLIQUES=2``; ``bench/feature_gather.py`` compares both).
 
+Where a Get waits for its owner, the owner's progress thread (``rudder.comm.progress``,
+``--rma-progress``) serves it while the owner computes (``bench/busy_owner.py``; docs/cluster.md).
+
 By default (``auto``) rows of 4 KiB or more are read run by run straight into place, smaller
 ones by one indexed Get per owner, since a Get call costs more than copying a few KB
 (``RUNS_MIN_ROW_BYTES``). The sampler's adjacency entries (8 bytes) are read indexed: reading

@@ -16,7 +16,9 @@ between tests, so the rank's other thread gets in between and its Gets still pro
 blocking collective (``collective``) first meets its peers in an ``Ibarrier`` completed the same
 way, and only then enters the call under the lock: by then every peer has reached it too, and
 each peer's lock is held only for calls that return without waiting on a rank, so the call waits
-for nothing but the peers' locks. ``MPI_Abort`` is exempt: it ends the process.
+for nothing but the peers' locks. ``MPI_Abort`` is exempt: it ends the process. The RMA progress
+thread (``rudder.comm.progress``) takes the lock only when it is free (``Gate.poke``), for one
+progress call that returns at once.
 
 ``--mpi-lock off`` (``enable(False)``) turns the discipline off, the code's behaviour before it
 (for measuring its cost side by side, and for the stress harness's bisection). Whether the
@@ -43,6 +45,7 @@ class Gate:
         self.lock = threading.RLock()  # reentrant: a call under the lock may call another (a read's progress pokes)
         self.counting = threading.Lock()
         self.waiting = 0
+        self.left = 0.0  # perf_counter when a thread last released the lock (MPI progressed until then)
 
     @contextlib.contextmanager
     def held(self):
@@ -54,6 +57,22 @@ class Gate:
                 self.waiting -= 1
         try:
             yield
+        finally:
+            self.left = time.perf_counter()
+            self.lock.release()
+
+    def poke(self, call, quiet: float) -> bool:
+        """``call()`` under the lock, without waiting for it: only if no thread holds it (a thread
+        that does is inside MPI, progressing it) and none released it within the last ``quiet``
+        seconds (MPI progressed just now). Whether it called (``rudder.comm.progress``)."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            if time.perf_counter() - self.left < quiet:
+                return False
+            call()
+            self.left = time.perf_counter()
+            return True
         finally:
             self.lock.release()
 

@@ -51,6 +51,9 @@ class Layout:
     # world ranks of the job's agents: with them a trainer rank's log file is found without
     # opening the others (rudder.logs.reader.trainer_log_path)
     agent_ranks: list[int] = field(default_factory=list)
+    # ranks of this host that may run on this rank's cores, per core (4 ranks sharing 2 cores: 2;
+    # srun binding 16 cores to each: 1/16); sets how often a progress thread wakes (rudder.comm.progress)
+    ranks_per_core: float = 1.0
 
     @property
     def trainer_rank(self) -> int:
@@ -64,7 +67,8 @@ class Layout:
                 "partition_mode": self.partition_mode, "partition_id": -1 if self.partition_id is None else self.partition_id,
                 "num_parts": self.num_parts, "num_trainers": self.num_trainers,
                 "threads_per_rank": self.threads_per_rank, "cpus": self.cpus, "mpi_wait": self.mpi_wait,
-                "shares_cores": self.shares_cores, "agent_ranks": self.agent_ranks}
+                "shares_cores": self.shares_cores, "agent_ranks": self.agent_ranks,
+                "ranks_per_core": self.ranks_per_core}
 
 
 def cores_available() -> int:
@@ -157,8 +161,9 @@ def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode
         threads = max(1, len(cpus) // sum(p[1] == is_agent for p in on_host))
     else:
         threads = max(1, min(cores_available(), (os.cpu_count() or 1) // len(on_host)))
+    sharing = sum(1 for p in on_host if not cpus or not p[2] or set(cores_of(p[2], p[1])) & set(cpus))
     if is_agent:  # Split with UNDEFINED hands agents COMM_NULL
         trainers = node_trainers = None
     return Layout(world, node, trainers, node_trainers, node_id, num_nodes, is_agent, partition_mode, partition_id,
                   num_parts, num_trainers, threads, hostname, cpus, waiting.resolve(mpi_wait, threads), shares_cores,
-                  [rank for rank, p in enumerate(peers) if p[1]])
+                  [rank for rank, p in enumerate(peers) if p[1]], sharing / max(1, len(cpus)))

@@ -6,7 +6,9 @@ Layout under the run directory::
                                              counter, epoch, step, the run's config and layout
     checkpoint/minibatch-NNNNNNNNN/model.pt  model and optimiser (trainer rank 0; replicas are equal)
     checkpoint/minibatch-NNNNNNNNN/rank-NNNNN.pt
-                                             per trainer: buffer and policy state, torch's RNG
+                                             per trainer: buffer and policy state (the buffer's
+                                             node IDs and scores, not its rows: a resumed run
+                                             reads them again from their owners), torch's RNG
                                              (dropout), and its log's row counts
     checkpoint/minibatch-NNNNNNNNN/agent-NNNNN.pt
                                              per agent: every trainer's context (last 5
@@ -29,8 +31,11 @@ import shutil
 
 # 2: config sections, policy and collector states by name; 3: buffer slots in no order, scored
 # buffer counters; 4: a scored buffer's miss counts per trainer, a split's owners, holdings and
-# claims (node-shared buffers checkpoint)
-FORMAT_VERSION = 4
+# claims (node-shared buffers checkpoint); 5: no buffer rows (a resumed run reads them again from
+# their owners), so a rank's file no longer grows with the rows' width. Format 4 still resumes (its
+# rows are left aside and read again: the same values).
+FORMAT_VERSION = 5
+READS = (4, 5)
 
 
 def root(run_dir: str) -> str:
@@ -69,9 +74,11 @@ def commit(run_dir: str, record: dict) -> None:
 
 
 def latest(run_dir: str) -> dict:
-    with open(os.path.join(root(run_dir), "latest.json")) as f:
+    path = os.path.join(root(run_dir), "latest.json")
+    with open(path) as f:
         record = json.load(f)
-    if record.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"--resume {run_dir}: checkpoint format {record.get('format_version')} is not supported "
-                         f"(this version reads {FORMAT_VERSION})")
+    if record.get("format_version") not in READS:
+        raise ValueError(f"--resume {run_dir}: {path} is of checkpoint format {record.get('format_version')}, which is "
+                         f"not supported (expected format {' or '.join(map(str, READS))}: resume it with the version "
+                         "that wrote it)")
     return record

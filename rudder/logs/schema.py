@@ -105,8 +105,17 @@ EPOCH_ROW = table(
     ("val_acc", "f4", "validation accuracy after the epoch (NaN when not evaluated)"),
     ("test_acc", "f4", "test accuracy after the epoch (NaN when not evaluated)"),
     ("eval_seconds", "f8", "seconds of the evaluation"),
+    ("eval_inference", "i1", "how the evaluation ran: an index into EVAL_INFERENCES (khop, layerwise, sampled; "
+     "-1: not evaluated, or a log from before this column)"),
+    ("eval_rows_shared", "i8", "rows the evaluation read from a same-node peer through shared memory (features, and "
+     "layerwise's hidden rows)"),
+    ("eval_rows_rma", "i8", "rows the evaluation read by RMA Get (features, and layerwise's hidden rows)"),
+    ("eval_bytes_rma", "i8", "bytes the evaluation read by RMA Get"),
+    ("eval_adjacency_rows_rma", "i8", "remote CSR entries the evaluation read by RMA (its neighbourhoods)"),
     ("param_digest", "i8", "digest of the parameters, equal on every trainer: the replicas agree"),
 )
+# How an evaluation ran (rudder.train.evaluation; the epoch row's eval_inference indexes this).
+EVAL_INFERENCES = ("khop", "layerwise", "sampled")
 # Replicas found to differ (rudder.train.replicas): one row per event in every trainer's log.
 # DIVERGENCE_CHECKS: which check found it; DIVERGENCE_ACTIONS: what was done.
 DIVERGENCE_CHECKS = ("step", "epoch")
@@ -128,6 +137,36 @@ REPAIR_ROW = table(
     ("diverged", f"S{LISTED_CHARS}", "those trainers (trainer ranks), comma-separated"),
     ("tensors", f"S{LISTED_CHARS}", "the parameters that differed, by name, comma-separated"),
     ("seconds", "f8", "seconds of the repair (digests gathered, state broadcast)"),
+)
+# What a trainer's start-up and memory cost (rudder.train.footprint): one row per start-up phase,
+# from the process's start to its first minibatch, and one per memory sample.
+PSS_COLUMNS = (
+    ("pss_bytes", "i8", "proportional set size at the end (/proc/self/smaps_rollup; pages shared by n processes count 1/n)"),
+    ("pss_anon_bytes", "i8", "its anonymous part (the heap: arrays, Python objects)"),
+    ("pss_file_bytes", "i8", "its file-backed part (libraries, memory-mapped files)"),
+    ("pss_shmem_bytes", "i8", "its shared-memory part (RMA windows, node-shared arrays, MPI's own segments)"),
+)
+STARTUP_ROW = table(
+    "startup",
+    ("phase", "S32", "the start-up phase, in order: imports (process start to the job's main: Python, the library, "
+     "MPI_Init), config, checks, metadata, layout, partition checksum, run directory, trainer imports (torch), "
+     "partition read, feature windows, adjacency, seeds and sampler, model, buffer fill, log, agent start, pipeline "
+     "start, first minibatch (its inputs in the training thread's hands)"),
+    ("seconds", "f8", "wall seconds of the phase"),
+    ("cpu_seconds", "f8", "CPU seconds the process (all its threads) spent in the phase"),
+    *PSS_COLUMNS,
+)
+MEMORY_ROW = table(
+    "memory",
+    ("point", "S16", "when the sample was taken: startup (the first minibatch), epoch (after its rows), evaluation "
+     "(after it), checkpoint (after it)"),
+    ("epoch", "i4", "the epoch it was taken in (-1: start-up)"),
+    *PSS_COLUMNS,
+    ("peak_rss_bytes", "i8", "the process's peak resident set so far (VmHWM; shared pages counted whole)"),
+    ("graph_bytes", "i8", "the partition's arrays and the CSR this rank holds (a node-shared CSR: its share)"),
+    ("features_bytes", "i8", "the rank's own segment of the feature window"),
+    ("buffer_bytes", "i8", "the buffer's arrays (a node-shared buffer: its share)"),
+    ("model_bytes", "i8", "the model's parameters, gradients and optimiser state"),
 )
 # Minibatch timers summed into the epoch row.
 EPOCH_TIMERS = ("t_sample", "t_fetch", "t_copy", "t_rma", "t_wait", "t_forward_backward", "t_allreduce", "t_grad_copy",
@@ -201,7 +240,8 @@ CLASSIFIER_TRACE_ROW = table(
 TRACE = "trace_remote_inputs"  # int64: a minibatch's remote input IDs (--trace)
 TEXTS = ("prompt", "answer", "fallback_reason")  # uint8 UTF-8: each decision's prompt, answer and fallback reason
 
-TRAINER_TABLES = {"minibatches": MINIBATCH_ROW, "epochs": EPOCH_ROW, "repairs": REPAIR_ROW}
+TRAINER_TABLES = {"minibatches": MINIBATCH_ROW, "epochs": EPOCH_ROW, "repairs": REPAIR_ROW, "startup": STARTUP_ROW,
+                  "memory": MEMORY_ROW}
 AGENT_TABLES = {"decisions": DECISION_ROW, "outcomes": OUTCOME_ROW}
 AGENT_RAGGED = dict.fromkeys(TEXTS, np.uint8)
 
@@ -229,7 +269,8 @@ def upgrade(table: np.ndarray, dtype: np.dtype) -> np.ndarray:
         if name in table.dtype.names:
             out[name] = table[name]
     # older logs: no bound, no decision recorded, no wait predicted (its wait not recorded: zero)
-    for name in ("refill_budget", "decision_request", "decision_age", "wait_impact", "slots_held", "run_ahead"):
+    for name in ("refill_budget", "decision_request", "decision_age", "wait_impact", "slots_held", "run_ahead",
+                 "eval_inference"):
         if name in dtype.names and name not in table.dtype.names:
             out[name] = -1
     for name in CPU_TIMERS:  # not measured then

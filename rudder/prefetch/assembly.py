@@ -102,10 +102,11 @@ class CachedFeatures:
             buffer.store_rows = store.in_shared_memory(buffer.index.node_of(np.arange(buffer.index.size)))
 
     def fill(self) -> ReadStats:
-        """The initial bulk fetch (one request; by one trainer of a node when they share the
-        buffer, collective over them then)."""
+        """The buffer's rows in one request: the initial fill, or after ``load_state_dict`` the
+        checkpointed buffer's, fetched again from their owners (by one trainer of a node when they
+        share the buffer, collective over them then)."""
         if self.shared is None or self.shared.comm.rank == 0:
-            slots, ids = self.buffer.initial_rows()
+            slots, ids = self.buffer.held_rows()
             rows, self.init_stats = self.store.gather(ids)
             self.buffer.features[slots] = rows
         if self.shared is not None:
@@ -121,7 +122,7 @@ class CachedFeatures:
         return {"counter": self.counter, "hit_total": self.hit_total, "miss_total": self.miss_total, "buffer": buffer}
 
     def load_state_dict(self, state: dict) -> None:
-        """Collective over the node's trainers when they share the buffer."""
+        """Collective over the node's trainers when they share the buffer; the rows follow by ``fill``."""
         self.counter, self.hit_total, self.miss_total = state["counter"], state["hit_total"], state["miss_total"]
         self.buffer.load_state_dict(state["buffer"])
         if self.shared is not None:

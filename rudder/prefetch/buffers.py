@@ -112,8 +112,9 @@ class PrefetchBuffer:
         returns the rows that entered the buffer."""
         return 0
 
-    def initial_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """(slots, node IDs) the initial fill must fetch."""
+    def held_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, node IDs) of the rows this buffer keeps a copy of: what the initial fill fetches,
+        and what a resumed run fetches again (a checkpoint keeps the buffer's IDs, not its rows)."""
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
     @property
@@ -126,8 +127,9 @@ class PrefetchBuffer:
         return -1
 
     def state_dict(self, node: bool = True) -> dict:
-        """Copies of what changes, for a checkpoint. ``node``: with the arrays a node's trainers
-        share (a node-shared buffer's first trainer keeps them; the others keep their own part)."""
+        """Copies of what changes, for a checkpoint, but not the rows (``held_rows`` says which to
+        fetch again). ``node``: with the arrays a node's trainers share (a node-shared buffer's
+        first trainer keeps them; the others keep their own part)."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:

@@ -172,8 +172,9 @@ class ScoredBuffer(PrefetchBuffer):
         idx, ok = self.index.find(self.ids)
         self.slot_of[idx[ok]] = np.flatnonzero(ok)
 
-    def initial_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """(slots, node IDs) whose features the initial fill must fetch (none for sentinels)."""
+    def held_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, node IDs) of the slots holding a real row (not sentinels, nor pending slots, whose
+        rows have not arrived)."""
         real = np.flatnonzero(self.ids < self.num_nodes)
         return real, self.ids[real]
 
@@ -314,19 +315,22 @@ class ScoredBuffer(PrefetchBuffer):
         return int(slots.size)
 
     def state_dict(self, node: bool = True) -> dict:
-        """Copies of everything that changes (for a checkpoint); ``node``: the node's arrays too,
-        not only this trainer's own part (its latest eviction)."""
+        """Copies of everything that changes but the rows (for a checkpoint: a resumed run fetches
+        the ``held_rows`` again); ``node``: the node's arrays too, not only this trainer's own part
+        (its latest eviction)."""
         state = {"last_evicted": self.last_evicted.copy()}
         if node:
-            state.update({k: getattr(self, k).copy() for k in self.NODE_STATE if getattr(self, k) is not None})
+            state.update({k: getattr(self, k).copy() for k in self.NODE_STATE
+                          if k != "features" and getattr(self, k) is not None})
         return state
 
     def load_state_dict(self, state: dict) -> None:
         """A state without the node's arrays restores this trainer's own part only (another
-        trainer of the node restores the arrays they share)."""
+        trainer of the node restores the arrays they share). The rows are not in it (a checkpoint
+        of format 4 has them: they are left aside, and fetched again like any other's)."""
         if "ids" in state:
             for k in self.NODE_STATE:  # in place: the arrays may live in shared memory
-                if getattr(self, k) is not None:
+                if k != "features" and getattr(self, k) is not None:
                     getattr(self, k)[...] = state[k]
             self._map_slots()
         self.evicted[:] = False

@@ -303,12 +303,19 @@ class WindowBuffer(PrefetchBuffer):
     def occupancy(self) -> int:
         return self.filled
 
+    def held_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, node IDs) of the rows this buffer copied (none when it is new: it fills on demand)."""
+        real = np.flatnonzero(self.node_at >= 0)
+        if self.store_rows is not None:  # rows left to the store were never copied
+            real = real[~self.store_rows[self.node_at[real]]]
+        return real, self.ids[real]
+
     def state_dict(self, node: bool = True) -> dict:
-        return {"ids": self.ids.copy(), "features": self.features.copy(), "last_used": self.last_used.copy(),
-                "clock": self.clock}
+        return {"ids": self.ids.copy(), "last_used": self.last_used.copy(), "clock": self.clock}
 
     def load_state_dict(self, state: dict) -> None:
-        self.ids[:], self.features[:], self.last_used[:] = state["ids"], state["features"], state["last_used"]
+        """The slots' IDs and uses; their rows are fetched again (``held_rows``)."""
+        self.ids[:], self.last_used[:] = state["ids"], state["last_used"]
         self.clock = state["clock"]
         idx, ok = self.index.find(self.ids)
         self.node_at = np.where(ok, idx, -1)

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 
 from rudder.comm.dist_array import GETS
 from rudder.comm.layout import PARTITION_MODES
+from rudder.comm.progress import MODES as RMA_PROGRESS_MODES
 from rudder.comm.waiting import WAITS
 from rudder.data.adjacency import REPLICATE_MAX_BYTES, TOPOLOGIES
 from rudder.logs import checkpoints
+from rudder.logs.schema import EVAL_INFERENCES
 from rudder.prefetch.buffers import INIT_MODES, SCOPES, SPLITS
 from rudder.prefetch.policies import POLICIES
 from rudder.sampling.phases import Phase, PhaseSettings, RunPhases, phase_settings
@@ -43,10 +45,11 @@ class DataSection:
     path: str = option("", "partition directory made by python -m partitioning", name="data", metavar="PARTS")
     partition_mode: str = option("trainer", "trainer: one partition per trainer rank; node: one per node, its trainers "
                                  "share it and split its training nodes", choices=PARTITION_MODES)
-    rma_gets: str = option("auto", "how off-node feature rows are read: runs (one contiguous Get per run of rows, served "
-                           "without the owner), indexed (one Get per owner with indexed datatypes, which MPICH serves "
-                           "only when the owner enters MPI), auto (runs for rows of 4 KiB or more as stored: see the partition "
-                           "tool's --feature-dtype)", choices=GETS)
+    rma_gets: str = option("auto", "how off-node feature rows are read: runs (one contiguous Get per run of rows, which "
+                           "InfiniBand and Slingshot NICs serve without the owner), indexed (one Get per owner with "
+                           "indexed datatypes, which MPICH serves only when the owner is in MPI: see --rma-progress), "
+                           "auto (runs for rows of 4 KiB or more as stored: see the partition tool's --feature-dtype)",
+                           choices=GETS)
     topology: str = option("auto", "where sampling reads the graph's structure: distributed (each partition's CSR in "
                            "its owner's RMA window, remote entries read by Gets), replicated (the whole CSR once per node "
                            "in shared memory: sampling reads nothing remotely), auto (replicated when the whole CSR "
@@ -92,9 +95,17 @@ class TrainingSection:
     epochs: int = option(100, "training epochs", check=POSITIVE, resumable=True)
     seed: int = option(0, "seed of the model, sampling and shuffling: the same seed and layout give the same run bit "
                        "for bit")
-    eval_every: int = option(5, "epochs between evaluations (0: only at the end); full-neighbour layer-wise inference, "
-                             "not counted in training time", check=(lambda v: v >= 0, "a non-negative integer"))
-    eval_batch_size: int = option(100_000, "seeds per evaluation minibatch", check=POSITIVE)
+    eval_every: int = option(5, "epochs between evaluations (0: only at the end); full-neighbour inference, not counted "
+                             "in training time", check=(lambda v: v >= 0, "a non-negative integer"))
+    eval_inference: str = option("auto", "how an evaluation computes the val/test nodes: khop (each trainer from its "
+                                 "scored nodes' L-hop in-neighbourhood, each row read once), layerwise (every layer for "
+                                 "every node, reading the halo at each layer, as DistDGL), sampled (khop over the "
+                                 "training fanouts' neighbourhood: not full-neighbour, accuracy differs), auto (khop "
+                                 "where it reads fewer bytes than layerwise over all trainers; docs/evaluation.md)",
+                                 choices=("auto", *EVAL_INFERENCES), resumable=True)
+    eval_batch_size: int = option(100_000, "scored (or, layerwise, computed) nodes per evaluation minibatch: khop "
+                                  "reads each minibatch's neighbourhood once and holds its rows at once",
+                                  check=POSITIVE)
     stall_timeout: float = option(600.0, "end the whole job, with one line naming the rank and what it waited for, when "
                                   "a trainer makes no progress for this many seconds (a dead link, a hung rank); 0: never",
                                   resumable=True, check=(lambda v: v >= 0, "0 (never) or a number of seconds"))
@@ -112,6 +123,15 @@ class TrainingSection:
                            "rudder/comm/gate.py), which removes the suspected trigger of replicas that diverged; off: the "
                            "threads enter MPI together, as before (for measuring the lock's cost)", choices=("on", "off"),
                            resumable=True)
+    rma_progress: str = option("auto", "how this rank serves other nodes' Gets of its rows while its threads compute "
+                               "outside MPI: thread (a thread that makes one MPI progress call, under the MPI lock, each "
+                               "millisecond the rank spends out of MPI; each N ms where N ranks share a core), off (a Get "
+                               "the network does not serve by itself waits until a thread of the owner enters MPI: indexed "
+                               "Gets on every transport, all Gets over OFI/TCP; a minibatch's read then waits for its "
+                               "owners' compute), auto (thread on trainers whose rows another node reads and whose 2 "
+                               "threads have a core each, as on a cluster node; off where ranks share cores, as on a "
+                               "laptop, where it cost an epoch 15 percent; docs/cluster.md)", choices=RMA_PROGRESS_MODES,
+                               resumable=True)
     on_divergence: str = option("repair", "when the per-step check finds the model replicas differ (a digest of each "
                                 "trainer's parameters rides in the gradient allreduce): repair (restore every trainer "
                                 "from the majority's, parameters and Adam state, recompute the step, log it and go on: "

@@ -1,74 +1,193 @@
-"""Distributed evaluation: full-neighbour, layer-wise inference (as DistDGL and the paper do).
+"""Distributed evaluation: full-neighbour inference of the val/test nodes (as DistDGL and the
+paper do), computed one of three ways (``--eval-inference``; docs/evaluation.md has their costs):
 
-Sampled minibatch inference with full neighbours expands every seed's whole L-hop neighbourhood;
-layer-wise inference computes each hidden layer once for every node instead. Layer l's output
-for all nodes lives in a ``DistributedArray`` laid out like the features, so layer l+1 reads
-its neighbours' rows one-sidedly, exactly as training reads features. Each trainer computes the
-rows of the nodes it owns (in ``node`` mode the node's trainers split the partition and write
-into the shared segment directly); only the last layer is restricted to the evaluated nodes.
-Collective over the trainers; the result is the same on every rank.
+- ``khop``: each trainer computes its own scored nodes from their L-hop in-neighbourhood and
+  nothing else, layer by layer, a minibatch of ``--eval-batch-size`` scored nodes at a time: the
+  minibatch's in-neighbourhood is read once (the full-neighbour sampler: remote CSR rows read
+  one-sidedly), the input rows of its outermost nodes are read once (held at once: a smaller
+  minibatch holds fewer, and reads again the rows minibatches share), and layer l computes only
+  the nodes within L-1-l hops of its scored ones. Nothing collective but the final count.
+- ``layerwise``: every hidden layer computed once for every node, each trainer the nodes it
+  owns (in ``node`` mode the node's trainers split the partition and write into the shared
+  segment directly), into a ``DistributedArray`` laid out like the features, so that layer l+1
+  reads its neighbours' rows one-sidedly as training reads features; only the last layer is
+  restricted to the scored nodes. Its reads grow with the halo, whatever the scored nodes.
+- ``sampled``: ``khop``'s computation over the training fanouts' neighbourhood instead of the
+  full one (DGL's examples' sampled inference), drawn from a stream of its own; accuracy differs.
+
+``auto`` takes ``khop`` where it reads fewer bytes than ``layerwise`` would over all trainers
+(decided once, collectively, at the first evaluation: it depends on the graph and the scored
+nodes, not on the model), ``layerwise`` otherwise: ``khop`` wins where the scored nodes are few
+(papers100M scores 0.3% of its nodes), ``layerwise`` where they are a large share of the graph,
+whose L-hop neighbourhood then spans rows two hops away that ``layerwise`` never reads.
+
+The logits of ``khop`` and ``layerwise`` are the same function of the same rows: each node's
+neighbours are summed in the same order (tested bit for bit). Collective over the trainers; the
+accuracy is the same on every rank.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
+from mpi4py import MPI
 
 from rudder.comm import gate
-from rudder.comm.dist_array import DistributedArray
+from rudder.comm.dist_array import DistributedArray, ReadStats
 from rudder.data.feature_store import NodeRows
-from rudder.sampling.neighbors import NeighborSampler
+from rudder.logs.schema import EVAL_INFERENCES
+from rudder.sampling.neighbors import NeighborSampler, SampledMinibatch
 from rudder.sampling.schedule import my_share
 
+SAMPLED_STREAM = 3  # the sampled inference's random stream, apart from training's (seed, trainer)
 
-@torch.no_grad()
-def evaluate(model, layout, meta, partition, features: NodeRows, adjacency, exposer, eval_sets: dict[str, np.ndarray],
-             batch_size: int, device, progress=lambda: None) -> dict[str, float]:
-    """Accuracy on each named set of seeds (global IDs owned by this partition, already split
-    among the node's trainers), over all trainers."""
-    from mpi4py import MPI
 
-    was_training = model.training
-    model.eval()
-    full = NeighborSampler(adjacency, [-1], seed=0)  # no randomness with every neighbour
-    num_layers, pid, start = len(model.layers), layout.partition_id, partition.node_start
-    owned = np.arange(partition.node_start, partition.node_end, dtype=np.int64)
-    # In node mode the node's trainers write into the exposer's segment through shared memory,
-    # if every one of them can map it; otherwise the exposer computes the whole partition.
-    hidden_rows, current = None, features
-    for layer in range(num_layers - 1):
-        rows = DistributedArray(layout.trainers, [p.num_owned for p in meta.parts], exposer, pid, np.float32,
-                                (model.widths[layer + 1],), wait=layout.mpi_wait)
-        target = rows.views.get(pid)
-        node = layout.node_trainers  # collectives beside the pipeline thread: through the MPI lock (rudder.comm.gate)
-        shared_ok = gate.collective(node, node.allreduce, target is not None, op=MPI.LAND)
-        mine = my_share(owned, layout) if shared_ok else (owned if rows.own.shape[0] else owned[:0])
-        for lo in range(0, mine.size, batch_size):
-            dst = mine[lo:lo + batch_size]
-            target[dst - start] = _layer_output(model, layer, full, current, dst, device).cpu().numpy()
+@dataclass
+class Evaluation:
+    accuracy: dict[str, float]  # per named set of seeds, over all trainers
+    inference: str  # how it ran (one of EVAL_INFERENCES)
+    reads: ReadStats = field(default_factory=ReadStats)  # this trainer's feature rows (and layerwise's hidden rows)
+    adjacency: ReadStats = field(default_factory=ReadStats)  # this trainer's CSR reads (the neighbourhoods)
+    logits: dict[str, np.ndarray] = field(default_factory=dict)  # this trainer's seeds', per set, in the set's order
+
+
+class Evaluator:
+    """Evaluates the model on each named set of seeds (global IDs owned by this partition, already
+    split among the node's trainers). ``inference``: one of EVAL_INFERENCES or ``auto``; ``seed``:
+    the sampled inference's stream's."""
+
+    def __init__(self, layout, meta, partition, features: NodeRows, adjacency, exposer, eval_sets: dict[str, np.ndarray],
+                 batch_size: int, device, inference: str = "auto", seed: int = 0):
+        self.layout, self.meta, self.partition, self.features = layout, meta, partition, features
+        self.adjacency, self.exposer, self.eval_sets = adjacency, exposer, eval_sets
+        self.batch_size, self.device = batch_size, device
+        self.inference, self.seed = inference, seed
+        self.scored = np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s in eval_sets.values()] or
+                                               [np.zeros(0, dtype=np.int64)]))
+
+    @torch.no_grad()
+    def evaluate(self, model, fanouts=(), progress=lambda: None) -> Evaluation:
+        """Collective over the trainers; ``fanouts``: the sampled inference's (input side first)."""
+        was_training = model.training
+        model.eval()
+        result = Evaluation({}, self.inference)
+        num_layers = len(model.layers)
+        neighbourhoods = None
+        if self.inference == "auto":  # decided once: the same graph and seeds every time
+            neighbourhoods = list(self._neighbourhoods([-1] * num_layers, result.adjacency))
+            self.inference = "khop" if self._khop_reads_less(neighbourhoods, model.widths) else "layerwise"
+        if self.inference == "khop" and neighbourhoods is None:
+            neighbourhoods = self._neighbourhoods([-1] * num_layers, result.adjacency)
+        if self.inference == "sampled":
+            neighbourhoods = self._neighbourhoods(list(fanouts), result.adjacency, sampled=True)
+        result.inference = self.inference
+        if self.inference == "layerwise":
+            logits = self._layerwise(model, result, progress)
+        else:
+            logits = self._over_neighbourhoods(model, neighbourhoods, result, progress)
+        counts = np.zeros(2 * len(self.eval_sets), dtype=np.int64)
+        start = self.partition.node_start
+        for i, (name, seeds) in enumerate(self.eval_sets.items()):
+            result.logits[name] = scores = logits[np.searchsorted(self.scored, seeds)]
+            counts[2 * i] = int((scores.argmax(axis=1) == self.partition.labels[seeds - start]).sum())
+            counts[2 * i + 1] = seeds.size
+        gate.collective(self.layout.trainers, self.layout.trainers.Allreduce, MPI.IN_PLACE, counts, op=MPI.SUM)
+        result.accuracy = {name: float(counts[2 * i] / counts[2 * i + 1]) if counts[2 * i + 1] else float("nan")
+                           for i, name in enumerate(self.eval_sets)}
+        model.train(was_training)
+        return result
+
+    # -- khop and sampled ----------------------------------------------------------------------
+    def _neighbourhoods(self, fanouts: list[int], stats: ReadStats, sampled: bool = False):
+        """The L-hop in-neighbourhood (every neighbour, or ``fanouts`` of them) of each minibatch
+        of ``batch_size`` scored nodes, as the sampler's layers (layer l's destinations: the nodes
+        within L-1-l hops of the minibatch's), one minibatch at a time."""
+        sampler = NeighborSampler(self.adjacency, fanouts,
+                                  seed=[self.seed, SAMPLED_STREAM, self.layout.trainer_rank] if sampled else 0)
+        for lo in range(0, self.scored.size, self.batch_size):
+            mb = sampler.sample(self.scored[lo:lo + self.batch_size])
+            stats.add(mb.stats)
+            yield mb
+
+    def _khop_reads_less(self, neighbourhoods: list[SampledMinibatch], widths: list[int]) -> bool:
+        """Over all trainers: the bytes ``khop`` reads (the feature rows of its neighbourhoods'
+        outermost nodes that other partitions own) against those ``layerwise`` would: each hidden
+        layer's input rows of the halo (split among the partition's trainers), the features' at
+        the first layer and float32 hidden rows after it, and the last layer's, of the scored
+        nodes' remote neighbours. Bytes, not rows: a hidden row is far narrower than a feature row."""
+        p, feature_bytes = self.partition, self.meta.feature_encoding.row_bytes
+        share = my_share(np.arange(p.num_owned), self.layout).size / max(p.num_owned, 1)
+        in_bytes = [feature_bytes] + [4 * w for w in widths[1:-1]]  # each layer's input row
+        # a minibatch's seed-side layer's sources, its scored nodes and their in-neighbours, are a
+        # prefix of its input nodes (every layer's sources begin with its destinations)
+        first_hop = sum(self._other(mb.input_nodes[:mb.layers[-1].num_src]) for mb in neighbourhoods)
+        layerwise = p.halo_nodes.size * share * sum(in_bytes[:-1]) + first_hop * in_bytes[-1]
+        khop = sum(self._other(mb.input_nodes) for mb in neighbourhoods) * feature_bytes
+        total = np.array([khop, layerwise], dtype=np.float64)
+        gate.collective(self.layout.trainers, self.layout.trainers.Allreduce, MPI.IN_PLACE, total, op=MPI.SUM)
+        return bool(total[0] <= total[1])
+
+    def _other(self, nodes: np.ndarray) -> int:
+        """How many of ``nodes`` other partitions own."""
+        return int(np.count_nonzero((nodes < self.partition.node_start) | (nodes >= self.partition.node_end)))
+
+    def _over_neighbourhoods(self, model, neighbourhoods, result: Evaluation, progress) -> np.ndarray:
+        """Logits of the scored nodes, a minibatch at a time from its neighbourhood: its input rows
+        read once, then each layer over its own destinations."""
+        logits = [np.zeros((0, model.widths[-1]), dtype=np.float32)]
+        for mb in neighbourhoods:
+            x, reads = self.features.gather(mb.input_nodes)
+            result.reads.add(reads)
+            h = torch.from_numpy(x).to(self.device)
+            for layer, block in enumerate(model.blocks(mb.layers, backward=False)):
+                h = model.layer_forward(layer, block.to(self.device), h)
+            logits.append(h.cpu().numpy())
             progress()
-        rows.publish()
+        return np.concatenate(logits)
+
+    # -- layerwise -----------------------------------------------------------------------------
+    def _layerwise(self, model, result: Evaluation, progress) -> np.ndarray:
+        """Every hidden layer for every owned node, then the last layer for the scored ones."""
+        layout, meta, part = self.layout, self.meta, self.partition
+        full = NeighborSampler(self.adjacency, [-1], seed=0)  # no randomness with every neighbour
+        num_layers, pid, start = len(model.layers), layout.partition_id, part.node_start
+        owned = np.arange(part.node_start, part.node_end, dtype=np.int64)
+        # In node mode the node's trainers write into the exposer's segment through shared memory,
+        # if every one of them can map it; otherwise the exposer computes the whole partition.
+        hidden_rows, current = None, self.features
+        for layer in range(num_layers - 1):
+            rows = DistributedArray(layout.trainers, [p.num_owned for p in meta.parts], self.exposer, pid, np.float32,
+                                    (model.widths[layer + 1],), wait=layout.mpi_wait)
+            target = rows.views.get(pid)
+            node = layout.node_trainers  # collectives beside the pipeline thread: through the MPI lock (rudder.comm.gate)
+            shared_ok = gate.collective(node, node.allreduce, target is not None, op=MPI.LAND)
+            mine = my_share(owned, layout) if shared_ok else (owned if rows.own.shape[0] else owned[:0])
+            for lo in range(0, mine.size, self.batch_size):
+                dst = mine[lo:lo + self.batch_size]
+                target[dst - start] = self._layer_output(model, layer, full, current, dst, result).cpu().numpy()
+                progress()
+            rows.publish()
+            if hidden_rows is not None:
+                hidden_rows.close()
+            hidden_rows = current = NodeRows(meta, rows)
+        logits = np.zeros((self.scored.size, model.widths[-1]), dtype=np.float32)
+        for lo in range(0, self.scored.size, self.batch_size):
+            dst = self.scored[lo:lo + self.batch_size]
+            logits[lo:lo + dst.size] = self._layer_output(model, num_layers - 1, full, current, dst, result).cpu().numpy()
+            progress()
         if hidden_rows is not None:
             hidden_rows.close()
-        hidden_rows = current = NodeRows(meta, rows)
-    counts = np.zeros(2 * len(eval_sets), dtype=np.int64)
-    for i, seeds in enumerate(eval_sets.values()):
-        for lo in range(0, seeds.size, batch_size):
-            dst = seeds[lo:lo + batch_size]
-            logits = _layer_output(model, num_layers - 1, full, current, dst, device)
-            labels = torch.from_numpy(partition.labels[dst - start]).to(device)
-            counts[2 * i] += int((logits.argmax(dim=1) == labels).sum())
-            progress()
-        counts[2 * i + 1] = seeds.size
-    gate.collective(layout.trainers, layout.trainers.Allreduce, MPI.IN_PLACE, counts, op=MPI.SUM)
-    if hidden_rows is not None:
-        hidden_rows.close()
-    model.train(was_training)
-    return {name: float(counts[2 * i] / counts[2 * i + 1]) if counts[2 * i + 1] else float("nan")
-            for i, name in enumerate(eval_sets)}
+        return logits
+
+    def _layer_output(self, model, layer: int, full: NeighborSampler, inputs: NodeRows, dst: np.ndarray,
+                      result: Evaluation) -> torch.Tensor:
+        mb = full.sample(dst)
+        result.adjacency.add(mb.stats)
+        x, reads = inputs.gather(mb.input_nodes)
+        result.reads.add(reads)
+        block = model.blocks(mb.layers, backward=False)[0].to(self.device)  # no backward: no out-edges
+        return model.layer_forward(layer, block, torch.from_numpy(x).to(self.device))
 
 
-def _layer_output(model, layer: int, full: NeighborSampler, inputs: NodeRows, dst: np.ndarray, device) -> torch.Tensor:
-    mb = full.sample(dst)
-    x, _ = inputs.gather(mb.input_nodes)
-    block = model.blocks(mb.layers, backward=False)[0].to(device)  # no backward: no out-edges
-    return model.layer_forward(layer, block, torch.from_numpy(x).to(device))
+__all__ = ["EVAL_INFERENCES", "Evaluation", "Evaluator"]

@@ -31,6 +31,7 @@ from rudder.data.partition_store import PartitionFormatError, PartitionMeta, sha
 from rudder.logs import checkpoints
 from rudder.prefetch.policies import POLICIES
 from rudder.train.config import ConfigError, parse_config
+from rudder.train.footprint import StartupClock
 from rudder.train.progress import Progress, format_summary
 
 BAD_INPUT = (ConfigError, PartitionFormatError, LayoutError)
@@ -146,50 +147,55 @@ def share_cores(layout) -> None:
         os.environ[var] = str(layout.threads_per_rank)
 
 
-def start_up(world, argv):
+def start_up(world, argv, clock: StartupClock):
     """Every check that can fail on bad input, agreed on by all ranks before any work: returns
     (cfg, meta, layout, None) or (..., the one-line error)."""
     state = {}
     quiet = contextlib.redirect_stdout(io.StringIO()) if world.rank else contextlib.nullcontext()
     with quiet:  # --help once, not once per rank (it raises SystemExit)
         state["cfg"], error = checked(world, lambda: parse_config(argv))
-    steps = [
-        (None, check_threads, ""),
-        ("meta", lambda: PartitionMeta.load(state["cfg"].data.path), "--data "),
+    clock.mark("config")
+    steps = [  # (what it makes, the step, its errors' prefix, its start-up phase)
+        (None, check_threads, "", "checks"),
+        ("meta", lambda: PartitionMeta.load(state["cfg"].data.path), "--data ", "metadata"),
         ("layout", lambda: build_layout(state["meta"].num_parts, partition_mode=state["cfg"].data.partition_mode,
                                         agent_per_node=POLICIES[state["cfg"].buffer.policy].needs_agent,
                                         agent_cores=state["cfg"].agent.cores,
-                                        mpi_wait=state["cfg"].training.mpi_wait), ""),
-        (None, lambda: share_cores(state["layout"]), ""),
-        (None, lambda: check_device(state["cfg"], state["layout"]), ""),
-        (None, lambda: check_policy_inputs(state["cfg"], state["layout"]), ""),
-        (None, lambda: check_resume(state["cfg"], state["layout"]), ""),
-        (None, lambda: check_injection(state["cfg"], state["layout"]), ""),
-        (None, lambda: verify_own_partition(state["cfg"], state["layout"], state["meta"]), ""),
+                                        mpi_wait=state["cfg"].training.mpi_wait, comm=world), "", "layout"),
+        (None, lambda: share_cores(state["layout"]), "", "checks"),
+        (None, lambda: check_device(state["cfg"], state["layout"]), "", "checks"),
+        (None, lambda: check_policy_inputs(state["cfg"], state["layout"]), "", "checks"),
+        (None, lambda: check_resume(state["cfg"], state["layout"]), "", "checks"),
+        (None, lambda: check_injection(state["cfg"], state["layout"]), "", "checks"),
+        (None, lambda: verify_own_partition(state["cfg"], state["layout"], state["meta"]), "", "partition checksum"),
     ]
-    for name, step, prefix in steps:
+    for name, step, prefix, phase in steps:
         if error:
             break
         value, error = checked(world, step)
         error = error and prefix + error
         if name:
             state[name] = value
+        clock.mark(phase)
     if not error:  # rank 0 alone touches the run directory (a shared file system)
         error = world.bcast(checked(MPI.COMM_SELF, lambda: prepare_run_dir(state["cfg"]))[1] if world.rank == 0 else None)
+        clock.mark("run directory")
     return state.get("cfg"), state.get("meta"), state.get("layout"), error
 
 
-def train(cfg, layout, meta) -> int:
+def train(cfg, layout, meta, clock: StartupClock) -> int:
     """A trainer rank's whole job; returns the exit status."""
-    # The one import of the library made inside a function, on purpose: the trainer role's own
-    # (module docstring), listed in tests/test_architecture.py.
-    from rudder.train.trainer import Trainer
-
     trainer, summary = None, None
     stop = StopRequest(lambda why: abort_job(None, why, log=trainer.log if trainer else None, code=130),
                        grace=120.0 if cfg.checkpoint.every else 15.0).install()  # a checkpoint comes first
     try:
-        trainer = Trainer(cfg, layout, meta, stop)
+        # The one import of the library made inside a function, on purpose: the trainer role's own
+        # (module docstring), listed in tests/test_architecture.py. Inside the try: a rank that
+        # cannot import it ends the job, not leaves the others waiting in their first collective.
+        from rudder.train.trainer import Trainer
+
+        clock.mark("trainer imports")
+        trainer = Trainer(cfg, layout, meta, stop, clock)
         progress = (Progress(cfg.output.progress, cfg.training.epochs, trainer.phases.total)
                     if layout.world.rank == 0 else None)
         summary = trainer.run(progress)
@@ -208,10 +214,12 @@ def train(cfg, layout, meta) -> int:
     return 128 + trainer.stop_signal if trainer.stop_signal else 0
 
 
-def main(argv=None) -> int:
-    world = MPI.COMM_WORLD
+def main(argv=None, world=None) -> int:
+    """The job on ``world`` (default COMM_WORLD; a test harness may run a job on part of its ranks)."""
+    world = world if world is not None else MPI.COMM_WORLD
+    clock = StartupClock()  # its first phase, the imports, ends here
     try:
-        cfg, meta, layout, error = start_up(world, argv)
+        cfg, meta, layout, error = start_up(world, argv, clock)
     except SystemExit as e:  # --help
         return int(e.code or 0)
     if error:
@@ -224,4 +232,4 @@ def main(argv=None) -> int:
         except Exception as e:
             abort_job(e)
         return 0
-    return train(cfg, layout, meta)
+    return train(cfg, layout, meta, clock)

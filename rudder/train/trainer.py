@@ -4,8 +4,8 @@ Every trainer rank, each step: take the next prepared minibatch from the pipelin
 blocks sampled with remote adjacency read one-sidedly, its input features assembled through the
 buffer policy's cache), run forward and backward, and join the gradient Allreduce. Steps per
 epoch are equal on all trainers (each splits its seeds into the largest trainer's number of
-minibatches), so no rank waits in a collective another will never enter. Evaluation (layer-wise,
-full neighbours) runs after the epoch's timer stops.
+minibatches), so no rank waits in a collective another will never enter. Evaluation (full
+neighbours, ``rudder.train.evaluation``) runs after the epoch's timer stops.
 
 Everything a run measures goes into the rank's HDF5 log (``rudder.logs``): one row per
 minibatch, one per epoch, and with ``--trace`` the remote input IDs of every minibatch.
@@ -26,6 +26,8 @@ from rudder.agent.protocol import trainer_facts
 from rudder.comm import gate
 from rudder.comm.dist_array import ReadStats
 from rudder.comm.layout import exposer_table
+from rudder.comm.progress import ProgressThread, wake_interval
+from rudder.comm.progress import resolve as resolve_rma_progress
 from rudder.comm.runtime import abort_job, library_versions, mpi_cuda_support
 from rudder.comm.shared_memory import NodeSharedArrays
 from rudder.comm.watchdog import Watchdog
@@ -47,7 +49,8 @@ from rudder.sampling.schedule import minibatch_schedule, my_share
 from rudder.train.checkpointing import CheckpointCoordinator, Resumed, load_resumed
 from rudder.train.config import TrainConfig
 from rudder.train.data_parallel import GradientAllreduce, broadcast_parameters, parameter_digest
-from rudder.train.evaluation import evaluate
+from rudder.train.evaluation import EVAL_INFERENCES, Evaluator
+from rudder.train.footprint import StartupClock, owner_bytes, sample
 from rudder.train.model import GraphSAGE
 from rudder.train.optimizer import Adam
 from rudder.train.progress import run_summary
@@ -62,13 +65,14 @@ class EpochResult:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, layout, meta, stop):
+    def __init__(self, cfg: TrainConfig, layout, meta, stop, clock: StartupClock | None = None):
         """Collective over the trainers: reads this rank's partition, opens the RMA windows,
         builds and broadcasts the model, builds the buffer and its policy, creates the rank's log."""
         self.cfg, self.layout, self.meta, self.stop = cfg, layout, meta, stop
         gate.enable(cfg.training.mpi_lock == "on")  # before the pipeline thread (and the agent link) start
         torch.set_num_threads(layout.threads_per_rank)  # oversubscribed ranks: not one thread per core each
         self.log = None
+        self.clock = clock or StartupClock()  # start-up phases, to the first minibatch (rudder.train.footprint)
         self.watchdog = Watchdog(cfg.training.stall_timeout, self._stalled)
         self.watchdog.doing("training thread", "building the trainer")
         self.resumed: Resumed | None = load_resumed(cfg.output.run_dir, layout.world.rank) if cfg.checkpoint.resume else None
@@ -76,13 +80,16 @@ class Trainer:
         self.device = self._device()
         # Each finished start-up step is progress: a slow but moving start-up (a loaded host, a
         # large partition) is not a stall, a step that never ends is.
-        for what, build in (("its partition and RMA windows", self._build_data), ("its model", self._build_model),
-                            ("its buffer", self._build_prefetch), ("its log", self._build_log)):
+        for what, build, phase in (("its partition and RMA windows", self._build_data, "seeds and sampler"),
+                                   ("its model", self._build_model, "model"),
+                                   ("its buffer", self._build_prefetch, "buffer fill"), ("its log", self._build_log, "log")):
             self.watchdog.doing("training thread", f"building the trainer: {what}")
             build()
+            self.clock.mark(phase)
             self.watchdog.progress()
         self.policy.start(PolicyContext(self.facts, self.log, layout.trainer_rank, self.phases,
                                         self._open_agent_link))  # before the pipeline thread first asks it
+        self.clock.mark("agent start")
         if self.resumed:
             self.policy.load_state_dict(self.resumed.rank_state["policy"])
         self.checkpoints = CheckpointCoordinator(cfg, layout.trainers, layout.world.rank, layout.world.size,
@@ -93,11 +100,16 @@ class Trainer:
         self.resumed_rows = self._resumed_epoch_rows() if self.resumed else None
         if cfg.sampling.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
             torch.set_num_threads(layout.threads_per_rank - 1)
+        # serves other nodes' Gets of this rank's rows while its threads compute (rudder.comm.progress);
+        # from here on every MPI call of the rank goes through the MPI lock, as the thread's does
+        self.progress_thread = (ProgressThread(layout.trainers, wake_interval(layout.ranks_per_core))
+                                if self.rma_progress == "thread" else None)
         self.pipeline = MinibatchPipeline(self.schedule(self.start), self.sampler, self.features,
                                           cfg.sampling.prefetch_depth, self.policy.lookahead,
                                           snapshot=self.checkpoints.snapshot_if_due if self.checkpoints.enabled else None,
                                           stage=self.stager,
                                           watch=lambda what: self.watchdog.doing("pipeline thread", what))
+        self.clock.mark("pipeline start")
         self.watchdog.progress()
 
     def _stalled(self, message: str) -> None:
@@ -116,18 +128,26 @@ class Trainer:
         cfg, layout, meta = self.cfg, self.layout, self.meta
         self.exposer = exposer_table(layout, meta.num_parts)
         self.exposes = bool(self.exposer[layout.partition_id] == layout.trainer_rank)
+        self.rma_progress = resolve_rma_progress(cfg.training.rma_progress, layout.num_nodes, self.exposes,
+                                                 layout.threads_per_rank)
         # the partition's CSR only where this rank exposes it in an RMA window (a replicated CSR is
         # read from every partition file by the node's first trainer)
         distributed = resolve_topology(cfg.data.topology, meta) == "distributed"
         self.partition = part = read_partition(cfg.data.path, layout.partition_id, meta,
                                                structure=self.exposes and distributed)
+        self.clock.mark("partition read")
         self.store = FeatureStore(layout, meta, cfg.data.path, self.exposer, gets=cfg.data.rma_gets)
+        self.clock.mark("feature windows")
         self.adjacency = open_adjacency(cfg.data.topology, layout, meta, part, self.exposer, cfg.data.path)
+        self.clock.mark("adjacency")
         self.halo = np.sort(part.halo_nodes)
         start = part.node_start
         self.train_nodes = start + np.flatnonzero(part.train_mask)  # the partition's; split per epoch
         self.eval_sets = {name: my_share(start + np.flatnonzero(mask), layout)
                           for name, mask in (("val", part.val_mask), ("test", part.test_mask))}
+        self.evaluator = Evaluator(layout, meta, part, self.store, self.adjacency, self.exposer, self.eval_sets,
+                                   cfg.training.eval_batch_size, self.device, cfg.training.eval_inference,
+                                   seed=cfg.training.seed)
         # Equal steps on every trainer: the busiest trainer's seed count in each phase sets its count.
         mine = [my_share(phase_seeds(cfg.training.seed, layout.partition_id, self.train_nodes, p.seed_fraction),
                          layout).size for p in cfg.phase_settings()]
@@ -181,9 +201,9 @@ class Trainer:
         self.features = feature_source(self.store, self.policy, settings, buffered, self.meta.num_nodes,
                                        np.random.default_rng([cfg.training.seed, 2, layout.partition_id]), self.shared,
                                        ranking)
-        self.fill = self.features.fill()
-        if self.resumed:
+        if self.resumed:  # the checkpoint holds the buffer's IDs and scores; its rows are read again
             self.features.load_state_dict(self.resumed.rank_state["assembly"])
+        self.fill = self.features.fill()
         capacity = self.features.buffer.capacity if self.features.buffer is not None else 0
         # What the agent (and a classifier's features) know of this trainer, fixed for the run.
         self.facts = trainer_facts(self.meta, layout.world.rank, layout.trainer_rank, self.batch_size,
@@ -196,6 +216,8 @@ class Trainer:
                "phases": self.phases.describe(),
                "device": str(self.device), "model_impl": cfg.model.impl, "allreduce": self.allreduce.path,
                "mpi_cuda_support": self.mpi_cuda_support, "partition_exposed_here": self.exposes,
+               "rma_progress": self.rma_progress,
+               "rma_progress_interval_s": wake_interval(layout.ranks_per_core) if self.rma_progress == "thread" else 0.0,
                "halo_nodes": int(self.partition.halo_nodes.size), "buffer_capacity": self.facts["capacity"],
                "buffer_fill_rows": fill.rows_local + fill.rows_shared + fill.rows_remote,
                "buffer_fill_bytes_rma": fill.bytes_remote, "buffer_vip_seconds": self.vip_seconds,
@@ -279,6 +301,11 @@ class Trainer:
     def step(self) -> tuple[np.void, bool]:
         self.watchdog.doing("training thread", "waiting for the next minibatch's inputs")
         item, waited = self.pipeline.next()
+        if self.clock is not None:  # the first minibatch: start-up ends here
+            self.clock.mark("first minibatch")
+            self.clock.write(self.log)
+            self.clock = None
+            sample(self.log, "startup", -1, owner_bytes(self))
         mb, seeds = item.minibatch, item.seeds
         self.watchdog.doing("training thread", f"computing minibatch {item.epoch}:{item.step}")
         t2, c2 = time.perf_counter(), time.thread_time()
@@ -375,17 +402,21 @@ class Trainer:
                   **{k: int(table[k].sum()) for k in ("input_nodes", "input_remote", "bytes_rma", "hits", "misses",
                                                       "refills", "comm_volume")},
                   "loss": float(np.nanmean(table["global_loss"])), "val_acc": np.nan, "test_acc": np.nan,
-                  "eval_seconds": 0.0}
+                  "eval_seconds": 0.0, "eval_inference": -1, "eval_rows_shared": 0, "eval_rows_rma": 0,
+                  "eval_bytes_rma": 0, "eval_adjacency_rows_rma": 0}
         result["param_digest"] = self._epoch_digest(epoch, self.phases.counter(epoch, 0) + len(table))
+        sample(self.log, "epoch", epoch, owner_bytes(self))  # before the evaluation: its memory and calls apart
         every = self.cfg.training.eval_every
         if complete and (epoch == self.cfg.training.epochs - 1 or (every and (epoch + 1) % every == 0)):
             t = time.perf_counter()
             self.watchdog.doing("training thread", f"evaluating after epoch {epoch}")
-            self.last_eval = evaluate(self.model, self.layout, self.meta, self.partition, self.store, self.adjacency,
-                                      self.exposer, self.eval_sets, self.cfg.training.eval_batch_size, self.device,
-                                      progress=self.watchdog.progress)
+            done = self.evaluator.evaluate(self.model, self.phases.of_epoch(epoch).fanouts, progress=self.watchdog.progress)
+            self.last_eval = done.accuracy
             result.update(val_acc=self.last_eval["val"], test_acc=self.last_eval["test"],
-                          eval_seconds=time.perf_counter() - t)
+                          eval_seconds=time.perf_counter() - t, eval_inference=EVAL_INFERENCES.index(done.inference),
+                          eval_rows_shared=done.reads.rows_shared, eval_rows_rma=done.reads.rows_remote,
+                          eval_bytes_rma=done.reads.bytes_remote, eval_adjacency_rows_rma=done.adjacency.rows_remote)
+            sample(self.log, "evaluation", epoch, owner_bytes(self))
         self.log.append("epochs", result)
         self.log.maybe_flush()
         self.watchdog.doing("training thread", f"after epoch {epoch} (digests, checkpoint)")
@@ -425,6 +456,8 @@ class Trainer:
                 self.stop_signal = gate.collective(self.layout.trainers, self.layout.trainers.allreduce, self.stop.signum,
                                                    op=MPI.MAX)
                 break
+        if self.progress_thread is not None:  # its progress calls so far (what it did for other nodes' readers)
+            self.log.flush(rma_progress_polls=self.progress_thread.polls)
         if self.layout.trainers.rank:
             return None
         return run_summary(per_epoch, stopped, trainers=self.layout.num_trainers, steps_per_epoch=self.steps_per_epoch,
@@ -435,6 +468,8 @@ class Trainer:
         """Collective over the trainers: stops the pipeline, frees the RMA windows."""
         self.watchdog.doing("training thread", "closing (RMA windows freed together)")
         self.pipeline.close()
+        if self.progress_thread is not None:
+            self.progress_thread.close()
         self.policy.close()
         if self.shared is not None:
             self.shared.close()

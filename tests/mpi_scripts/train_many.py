@@ -4,7 +4,11 @@ start-up again (MPI_Init and the imports, about 2 s of CPU a rank, most of a sma
 Each job is ``rudder.train.job.main`` with its own arguments, as drivers/train.py runs it; rank 0
 prints ``== job K`` before job K's output. A job that fails ends the launch with its status.
 
-    mpiexec -n N python tests/mpi_scripts/train_many.py JOBS.json   (JOBS.json: a list of argument lists)
+    mpiexec -n N python tests/mpi_scripts/train_many.py JOBS.json
+
+JOBS.json is a list of jobs, each an argument list, or ``{"argv": [...], "trainers_only": true}``
+for a job without agents in a launch whose other jobs have one a node: the highest rank of each
+node (where an agent would run) sits that job out, and the job runs on the other ranks.
 """
 import json
 import os
@@ -21,10 +25,18 @@ from rudder.train.job import main  # noqa: E402
 
 with open(sys.argv[1]) as f:
     jobs = json.load(f)
-for k, argv in enumerate(jobs):
-    if MPI.COMM_WORLD.rank == 0:
+world = MPI.COMM_WORLD
+node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+agent_slot = node.rank == node.size - 1
+trainer_slots = world.Split(MPI.UNDEFINED if agent_slot else 0, key=world.rank)
+for k, job in enumerate(jobs):
+    if world.rank == 0:
         print(f"== job {k}", flush=True)
-    status = main([str(a) for a in argv])
+    argv, trainers_only = (job["argv"], job.get("trainers_only", False)) if isinstance(job, dict) else (job, False)
+    if trainers_only and agent_slot:
+        status = 0
+    else:
+        status = main([str(a) for a in argv], world=trainer_slots if trainers_only else world)
     if status:  # the same on every rank: start-up agrees on its errors, and a failure aborts the job
         sys.exit(status)
     MPI.COMM_WORLD.Barrier()

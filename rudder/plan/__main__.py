@@ -1,0 +1,5 @@
+import sys
+
+from rudder.plan.cli import main
+
+sys.exit(main())
