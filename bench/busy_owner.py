@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-from mpi_job import add_worker_flags, run_worker_job, train_job
+from mpi_job import add_worker_flags, run_worker_job, sbm_parts_on_rank0, train_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFI_TCP = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
@@ -57,21 +57,13 @@ def worker(a) -> None:
     from mpi4py import MPI
 
     sys.path.insert(0, REPO)
-    from partitioning.partition import partition_graph
-    from partitioning.sources import load_spec
     from rudder.comm import gate, waiting
     from rudder.comm.layout import build_layout
     from rudder.comm.progress import ProgressThread, wake_interval
     from rudder.data.feature_store import FeatureStore
-    from rudder.data.partition_store import PartitionMeta
 
     comm = MPI.COMM_WORLD
-    out = os.path.join(a.workdir, "parts")
-    if comm.rank == 0:
-        spec = f"synthetic:sbm:nodes={a.nodes},blocks=8,avg_degree=4,feat_dim={a.dim},seed=0"
-        partition_graph(load_spec(spec), comm.size, out, method="random", force=True, feature_dtype="float32")
-    comm.Barrier()
-    meta = PartitionMeta.load(out)
+    out, meta = sbm_parts_on_rank0(comm, a.workdir, a.nodes, a.dim, "float32")
     layout = build_layout(meta.num_parts)
     stores = {gets: FeatureStore(layout, meta, out, gets=gets) for gets in a.gets.split(",")}
     remote = [p for p in range(meta.num_parts) if p not in stores[a.gets.split(",")[0]].views]

@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-from mpi_job import add_worker_flags, cpu_ticks, run_worker_job
+from mpi_job import add_worker_flags, cpu_ticks, run_worker_job, sbm_parts_on_rank0
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,19 +38,11 @@ def worker(a) -> None:
     from mpi4py import MPI
 
     sys.path.insert(0, REPO)
-    from partitioning.partition import partition_graph
-    from partitioning.sources import load_spec
     from rudder.comm.layout import build_layout
     from rudder.data.feature_store import FeatureStore
-    from rudder.data.partition_store import PartitionMeta
 
     comm = MPI.COMM_WORLD
-    out = os.path.join(a.workdir, "parts")
-    if comm.rank == 0:
-        spec = f"synthetic:sbm:nodes={a.nodes},blocks=8,avg_degree=4,feat_dim={a.dim},seed=0"
-        partition_graph(load_spec(spec), comm.size, out, method="random", force=True, feature_dtype=a.feature_dtype)
-    comm.Barrier()
-    meta = PartitionMeta.load(out)
+    out, meta = sbm_parts_on_rank0(comm, a.workdir, a.nodes, a.dim, a.feature_dtype)
     store = FeatureStore(build_layout(meta.num_parts), meta, out)
     rng = np.random.default_rng(comm.rank)
     peer = (comm.rank + 1) % comm.size

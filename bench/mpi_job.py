@@ -58,6 +58,21 @@ def cached_partition(spec: str, parts: int, out: str, feature_dtype: str = "auto
     return out
 
 
+def sbm_parts_on_rank0(comm, workdir: str, nodes: int, dim: int, feature_dtype: str):
+    """The gather benches' graph: rank 0 splits an SBM of ``nodes`` nodes at random into one part
+    a rank at ``workdir``/parts; every rank waits for it. Returns (the directory, its metadata)."""
+    from partitioning.partition import partition_graph
+    from partitioning.sources import load_spec
+    from rudder.data.partition_store import PartitionMeta
+
+    out = os.path.join(workdir, "parts")
+    if comm.rank == 0:
+        spec = f"synthetic:sbm:nodes={nodes},blocks=8,avg_degree=4,feat_dim={dim},seed=0"
+        partition_graph(load_spec(spec), comm.size, out, method="random", force=True, feature_dtype=feature_dtype)
+    comm.Barrier()
+    return out, PartitionMeta.load(out)
+
+
 def bench_datasets(rmat_scale: int, feat_dim: int) -> dict:
     """Facebook Page-Page when ../shared/data has it, and an RMAT graph: {name: input spec}."""
     datasets = {}

@@ -1,7 +1,7 @@
 """Benchmark (not a test): peak memory per directed edge, time, and the plan's prediction, of the
 partition tool on RMAT graphs.
 
-    flock /work/notes/bigmem.lock python bench/partition_memory.py --runs 20:8,22:8,23:64 [--tree DIR] [--ranks K]
+    python bench/partition_memory.py --runs 20:8,22:8,23:64 [--tree DIR] [--ranks K]
 
 Each run is the real CLI (``python -m partitioning``, or ``mpiexec -n K`` with --ranks) in its own
 process, on ``synthetic:rmat:scale=S,edge_factor=16,feat_dim=128,classes=16,seed=1`` into P parts;

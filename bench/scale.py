@@ -2,7 +2,7 @@
 nodes (issue 40; docs/results-scale.md).
 
     python bench/scale.py [--points 4,8,16,32,64] [--policies none,lookahead,heuristic] [--strong 4,8,16,32,64]
-        [--nodes-per-trainer 1024] [--epochs 3] [--workdir DIR] [--out FILE.json] [--lock /work/notes/bigmem.lock]
+        [--nodes-per-trainer 1024] [--epochs 3] [--workdir DIR] [--out FILE.json] [--lock FILE]
 
 Weak scaling: RMAT graphs (edge factor 16, 128 float32 features, 16 classes) of P x 1024 nodes, so
 scale log2(P) + 10, the same nodes and edges a trainer at every P, in P METIS parts. Strong
@@ -269,7 +269,8 @@ def main() -> None:
     ap.add_argument("--nodes-per-trainer", type=int, default=1024)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--workdir", default="/tmp/rudder-scale")
-    ap.add_argument("--lock", default="/work/notes/bigmem.lock")
+    ap.add_argument("--lock", default=None,
+                    help="run jobs of 32 trainers or more under flock FILE (a shared host's big jobs take turns)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", metavar="FILE.json", help="print the tables of an earlier series (its plan figures redone)")
     ap.add_argument("--markdown", action="store_true", help="with --report: the tables as docs/results-scale.md has them")
