@@ -206,7 +206,9 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     compute = timed[["t_forward_backward", "t_update"]]
     assert e["measured_train_slowdown"] == pytest.approx(
         (compute["t_forward_backward"].sum() + compute["t_update"].sum()) / timed["cpu_compute"].sum())
-    assert e["measured_train_slowdown"] >= 1.0 - 1e-3 and "training threads' compute" in ok.stdout
+    # wall over the thread's own CPU time: at least 1, but the two clocks are accounted apart (the
+    # thread's CPU at the scheduler's switches, steal time on a VM): a clean-clone CI saw 0.9988
+    assert e["measured_train_slowdown"] >= 0.99 and "training threads' compute" in ok.stdout
 
     # a buffered run is predicted with its own settings' buffer CPU where the profile has it, else
     # with its policy's pooled figures, and never with another setting's
