@@ -12,30 +12,23 @@ import argparse
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
+
+from partition_memory import run_measured  # the partition CLI in a process of its own, its peak by wait4
 
 
 def run_one(scale: int, parts: int, feat_dim: int, method: str, workdir: str) -> dict:
     out = os.path.join(workdir, f"rmat{scale}")
     spec = f"synthetic:rmat:scale={scale},edge_factor=16,feat_dim={feat_dim},classes=8,seed=0"
     cmd = [sys.executable, "-m", "partitioning", "--input", spec, "--num-parts", str(parts), "--out", out, "--method", method]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    text = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"scale {scale} failed:\n{text}")
+    text, wall, peak, _ = run_measured(cmd, os.getcwd(), dict(os.environ))
     edges = int(re.search(r"(\d+) directed edges", text).group(1))
     nodes = int(re.search(r"(\d+) nodes", text).group(1))
     phases = re.search(r"in ([\d.]+) s, relabelled in ([\d.]+) s, written in ([\d.]+) s", text).groups()
     load_s = float(re.search(r"classes, .*\(([\d.]+) s\)", text).group(1))
     disk = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
     shutil.rmtree(out)
-    peak = usage.ru_maxrss * 1024
     return {"scale": scale, "nodes": nodes, "edges": edges, "wall_s": wall, "load_s": load_s,
             "assign_s": float(phases[0]), "relabel_s": float(phases[1]), "write_s": float(phases[2]),
             "peak_gib": peak / 2**30, "bytes_per_edge": peak / edges, "disk_gib": disk / 2**30}
