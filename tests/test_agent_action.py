@@ -480,11 +480,12 @@ def test_every_budget_and_window_trains_as_without_a_buffer(parts, no_buffer, tm
         assert not mismatches and compared
 
 
-@pytest.mark.parametrize("trainers", [1, 2, 4])
+@pytest.mark.parametrize("trainers", [2, 4])
 def test_a_fixed_refill_budget_bounds_every_replacement_and_trains_as_without_a_buffer(parts, no_buffer, tmp_path,
                                                                                       trainers):
     """--refill-budget F: fixed's replacements through the agent's refill-budget path, each at
-    most floor(F x capacity) rows and, with a halo, at least one of them cut; losses bit for bit; the simulator agrees."""
+    most floor(F x capacity) rows and at least one of them cut; losses bit for bit; the simulator
+    agrees. (One trainer has no halo: nothing to refill, nothing to bound.)"""
     from rudder.sim.validate import validate
 
     base = no_buffer(trainers)
@@ -503,7 +504,7 @@ def test_a_fixed_refill_budget_bounds_every_replacement_and_trains_as_without_a_
         assert (mb["refills"][asked] <= int(0.25 * capacity)).all()
         assert (u["minibatches"]["refill_budget"] == -1).all()  # the default: no bound, as before
         cut += int(u["minibatches"]["refills"].max() > int(0.25 * capacity))
-    assert cut or trainers == 1  # the bound bound somewhere (one trainer has no halo to refill)
+    assert cut  # the bound bound somewhere
     compared, mismatches = validate(run)
     assert not mismatches and compared
 

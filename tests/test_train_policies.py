@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, read_logs, run_train, run_trains, shared_dataset
+from conftest import BUNDLED_CORA, assert_trained_alike, read_logs, run_train, run_trains, shared_dataset
 
 RUNS = [("none", ["--no-overlap", "--mpi-wait", "yield"]), ("none", []), ("static", []), ("fixed", ["--delta", "2"]),
         ("fixed", ["--delta", "1", "--compat", "massivegnn", "--buffer-init", "empty"]),
@@ -65,8 +65,11 @@ def check_repairs(run, flags):
             assert DIVERGENCE_CHECKS[r["check"]] == ("epoch" if found % steps == 0 else "step")
 
 
-def check_policies(spec, ranks, tmp_path, extra, runs=RUNS, stored_as="float32"):
-    """``stored_as``: the storage type auto must pick for ``spec``'s features."""
+def check_policies(spec, ranks, tmp_path, extra, runs=RUNS, stored_as="float32", float32=True, beside=()):
+    """``stored_as``: the storage type auto must pick for ``spec``'s features; ``float32``: where
+    that is not float32, also train without a buffer on float32 storage (the same losses);
+    ``beside``: (name, flags) jobs trained in the same launch and not compared here. Returns
+    {run index: minibatch tables}, and {name: logs} of the ``beside`` jobs."""
     from partitioning.partition import partition_graph
     from partitioning.sources import load_spec
     from rudder.data.partition_store import PartitionMeta
@@ -78,9 +81,10 @@ def check_policies(spec, ranks, tmp_path, extra, runs=RUNS, stored_as="float32")
     meta = PartitionMeta.load(parts)
     assert meta.feature_dtype == stored_as and meta.feature_lossless
     jobs = [(parts, str(tmp_path / f"run{i}"), policy, flags) for i, (policy, flags) in enumerate(runs)]
-    if stored_as != "float32":  # the same graph with float32 storage, no buffer: the same losses (below)
+    if stored_as != "float32" and float32:  # the same graph with float32 storage, no buffer: the same losses (below)
         partition_graph(graph, ranks, str(tmp_path / "float32"), method="metis", seed=0, feature_dtype="float32")
         jobs.append((str(tmp_path / "float32"), str(tmp_path / "run-float32"), "none", ["--no-overlap"]))
+    jobs += [(parts, str(tmp_path / name), "none", flags) for name, flags in beside]
     trained = train_all(ranks, jobs, extra, tmp_path)
     results = {}
     for i, (_, flags) in enumerate(runs):
@@ -94,7 +98,7 @@ def check_policies(spec, ranks, tmp_path, extra, runs=RUNS, stored_as="float32")
             assert (t["bytes_rma"] == t["rows_rma"] * meta.feature_encoding.row_bytes).all()
         assert sum(int(t["rows_rma"].sum()) for t in results[i]) > 0
     base = results[0]
-    if stored_as != "float32":
+    if stored_as != "float32" and float32:
         results["float32"] = trained[str(tmp_path / "run-float32")]
         for t in results["float32"]:
             assert (t["bytes_rma"] == t["rows_rma"] * 4 * meta.feat_dim).all()
@@ -114,7 +118,7 @@ def check_policies(spec, ranks, tmp_path, extra, runs=RUNS, stored_as="float32")
         assert (asked == (1 if policy == "fixed" else 0)).all() and (policy != "fixed" or asked.size)
         misses = sum(int((t["rows_rma"] - t["refills"]).sum()) for t in tables)
         assert misses < fetched[0], runs[i]  # demand traffic below no buffer
-    return results
+    return results, {name: read_logs(tmp_path / name) for name, _ in beside}
 
 
 def test_every_policy_on_cora(tmp_path):
@@ -127,11 +131,17 @@ def test_every_policy_on_cora(tmp_path):
                    runs=runs, stored_as="bits")
 
 
-def test_no_buffer_and_fixed_on_facebook(tmp_path):
+def test_no_buffer_fixed_and_dgls_layer_on_facebook(tmp_path):
+    """Real data, one partitioning and one launch: none and one buffer policy (every policy runs on
+    Cora and RMAT above and below), and the no-buffer run again with DGL's SAGEConv in place of
+    ours, trained alike (tests/test_train.py compares the two layers on Cora too)."""
     spec = shared_dataset("musae", "facebook")
-    # none and one buffer policy on real data (every policy runs on Cora and RMAT above and below)
-    check_policies(spec, 2, tmp_path, ["--epochs", "2", "--batch-size", "1000"], runs=[RUNS[i] for i in (0, 3)],
-                   stored_as="bits")
+    _, beside = check_policies(spec, 2, tmp_path, ["--epochs", "3", "--batch-size", "1000"], runs=[RUNS[i] for i in (0, 3)],
+                               stored_as="bits", float32=False, beside=[("dgl", [*RUNS[0][1], "--model-impl", "dgl"])])
+    runs = {"torch": read_logs(tmp_path / "run0"), "dgl": beside["dgl"]}
+    assert {log["run"]["model_impl"] for log in runs["dgl"]} == {"dgl"}
+    accuracy = assert_trained_alike(runs, first_steps=runs["torch"][0]["run"]["steps_per_epoch"])
+    assert accuracy["torch"] > 0.5, accuracy  # four classes: trained, not guessing
 
 
 def test_every_policy_on_rmat_float16(tmp_path):
