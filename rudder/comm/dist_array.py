@@ -8,8 +8,8 @@ on allocated memory without the target's help; on ``Win.Create`` memory it waits
 
 A read of (partition, index) pairs is served from this rank's own segment or a same-node
 segment by a numpy take on the ``Shared_query`` view (MPI-4 allows it on allocated windows;
-MPICH maps on-node segments into every process), and from any other rank by RMA ``Get`` straight
-into the output positions, then one ``Flush`` per owner. Where the shared-memory rows take long
+MPICH maps on-node segments into every process), and from any other rank by RMA ``Rget``s,
+complete when their requests are (no ``Flush``). Where the shared-memory rows take long
 to copy the Gets are issued first and those rows copied while they are in flight, poking MPI's
 progress between slices of the copy, since over OFI/TCP a Get moves only while both its ranks are
 in MPI (docs/network.md, "Keeping the wire busy"). Two ways to issue the Gets:
@@ -18,7 +18,9 @@ in MPI (docs/network.md, "Keeping the wire busy"). Two ways to issue the Gets:
   a contiguous type. MPICH's UCX netmod serves these as true one-sided reads, whatever the owner
   is doing: 900 rows of 18.9 KB in about 10 ms while the owner computes. (Its OFI netmod, with
   the providers the mpich wheel brings, waits for the owner either way.)
-- ``indexed``: one Get per owner with indexed datatypes on both sides. Fewer calls, but MPICH
+- ``indexed``: one Get per owner, an indexed datatype on the owner's side, into consecutive rows
+  (scattered into place after, where the output's positions are not consecutive): four MPI calls
+  an owner (the type's build, commit and free, and the Get). Fewer calls, but MPICH
   serves a non-contiguous Get between nodes by active messages, which wait until the owner enters
   MPI: the same read took 300 ms, the owner's whole compute phase (measured with
   ``MPIR_CVAR_NUM_CLIQUES=2``; ``bench/feature_gather.py`` compares both).
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -76,6 +78,16 @@ class ReadStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
+@dataclass
+class Flight:
+    """A read's Gets in flight: what to wait for and what to do once they land."""
+    start: float = 0.0  # perf_counter when the first was issued
+    owners: int = 0  # owners read by RMA
+    requests: list = field(default_factory=list)  # Rget requests to complete
+    flush: list = field(default_factory=list)  # owner ranks read by plain Gets: flushed after the requests
+    scatters: list = field(default_factory=list)  # (scratch rows, their positions in out)
+
+
 def take_rows(source: np.ndarray, index: np.ndarray, out: np.ndarray, at: np.ndarray | None = None) -> None:
     """``out[at] = source[index]`` for row arrays (``at`` None: ``out[:index.size]``). Into a
     contiguous range of ``out`` torch's ``index_select`` copies at memory speed (numpy's ``take``
@@ -98,13 +110,14 @@ class DistributedArray:
 
     ``segment_rows[p]`` is partition p's row count; ``exposer[p]`` the rank of ``comm`` holding it;
     ``fill(array)`` writes this rank's own segment (called only on exposing ranks); ``gets``:
-    ``runs``, ``indexed`` or ``auto`` (by row size; module docstring); ``wait``: how a read waits
+    ``runs``, ``indexed`` or ``auto`` (by row size; module docstring); ``nearby``: the ranks of
+    ``comm`` that may share memory with this one (its node's; None: any); ``wait``: how a read waits
     for its Gets, ``spin`` (in ``Flush``; with the MPI lock on, ``rudder.comm.gate``, by back-to-back
     tests of ``Rget``s, the lock free between them) or ``yield`` (``rudder.comm.waiting``).
     """
 
     def __init__(self, comm, segment_rows, exposer, my_part: int | None, dtype, row_shape=(), fill=None,
-                 gets: str = "auto", wait: str = "spin"):
+                 gets: str = "auto", wait: str = "spin", nearby=None):
         from mpi4py import MPI
 
         if gets not in GETS:
@@ -130,10 +143,13 @@ class DistributedArray:
             self.win.Lock_all(MPI.MODE_NOCHECK)
         self.views: dict[int, np.ndarray] = {}  # partitions this process can load directly
         self.own_part = my_part if exposes and rows else None
+        near = None if nearby is None else set(nearby)
         for part, rank in enumerate(self.exposer):
             n = int(self.segment_rows[part])
             if rank == comm.rank:
                 self.views[part] = self.own
+                continue
+            if near is not None and rank not in near:  # another node's segment: read by RMA
                 continue
             try:
                 with gate.held():
@@ -211,50 +227,45 @@ class DistributedArray:
             else:
                 stats.rows_shared += positions.size
         if flying is None:
-            flying = self._issue_gets(remote, bounds, order, index, at, out, stats) if remote else ([], [], 0.0, [])
+            flying = self._issue_gets(remote, bounds, order, index, at, out, stats) if remote else Flight()
         if while_fetching is not None:
             while_fetching()
-        pending, datatypes, remote_start, last_gets = flying
-        if last_gets:  # wait for the Gets by tests (the MPI lock released between them); the Flushes then find them done
-            waiting.wait_all(last_gets, self.wait)
-        with gate.held():
-            for rank in pending:
-                self.win.Flush(rank)
-            for dt in datatypes:
-                dt.Free()
-        if pending:
-            stats.seconds_remote = time.perf_counter() - remote_start
-        stats.owners_touched = len(pending)
+        if flying.requests:  # wait for the Gets by tests (the MPI lock released between them)
+            waiting.wait_all(flying.requests, self.wait)
+        if flying.flush:  # owners read by plain Gets, which no request completes
+            with gate.held():
+                for rank in flying.flush:
+                    self.win.Flush(rank)
+        for rows, positions in flying.scatters:  # indexed rows that landed in a scratch block: into place
+            out[positions] = rows
+        if flying.owners:
+            stats.seconds_remote = time.perf_counter() - flying.start
+        stats.owners_touched = flying.owners
         return out, stats
 
-    def _issue_gets(self, remote: list, bounds, order, index, at, out, stats: ReadStats) -> tuple:
-        """The Gets of every row of the partitions ``remote`` (no Flush): (ranks to flush,
-        datatypes to free after, when the first was issued, and the requests to wait for: with
-        ``wait`` yield each owner's last Get, issued as an ``Rget``; with the MPI lock on
-        (``rudder.comm.gate``) every Get an ``Rget``, so that no Flush waits for an owner with the
-        lock held)."""
-        pending, datatypes, remote_start, last_gets = [], [], time.perf_counter(), []
-        request = self.wait == "yield" or gate.ENABLED  # an Rget's request is what a thread can test without blocking
-        with gate.held():  # issuing waits for no one: one hold for every Get
-            self._issue_each(remote, bounds, order, index, at, out, stats, request, pending, datatypes, last_gets)
-        return pending, datatypes, remote_start, last_gets
-
-    def _issue_each(self, remote, bounds, order, index, at, out, stats: ReadStats, request: bool, pending: list,
-                    datatypes: list, last_gets: list) -> None:
+    def _issue_gets(self, remote: list, bounds, order, index, at, out, stats: ReadStats) -> Flight:
+        """The Gets of every row of the partitions ``remote``: issued, not waited for. Each owner's
+        Gets under one hold of the MPI lock (``rudder.comm.gate``; between owners a waiting thread
+        may take it)."""
+        flight = Flight(start=time.perf_counter())
+        # an Rget's request is what a thread can test without blocking: every Get one with the
+        # lock on, the last of each owner with ``yield``
+        request = self.wait == "yield" or gate.ENABLED
         for part in remote:
             positions = order[bounds[part]:bounds[part + 1]]  # increasing
             local = index[positions]
             if at is not None:
                 positions = at[positions]
             rank = int(self.exposer[part])
-            if self.gets == "runs":
-                last = self._get_runs(out, positions, local, rank, request)
-            else:
-                last = self._get_indexed(out, positions, local, rank, part, datatypes, request)
-            last_gets += last
-            pending.append(rank)
+            with gate.held():
+                if self.gets == "runs":
+                    self._get_runs(out, positions, local, rank, request, flight)
+                else:
+                    self._get_indexed(out, positions, local, rank, part, flight)
+            flight.owners += 1
             stats.rows_remote += positions.size
             stats.bytes_remote += positions.size * self.row_bytes
+        return flight
 
     def progress(self) -> None:
         """Let MPI progress what is in flight (others' Gets of this rank's rows included) without
@@ -262,9 +273,11 @@ class DistributedArray:
         with gate.held():
             self.comm.Iprobe()
 
-    def _get_runs(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int, request: bool) -> list:
-        """One contiguous Get per run of rows consecutive on both sides (no Flush); the requests
-        to wait for: with ``request``, the last one's (an ``Rget``), or every one's with the MPI lock on."""
+    def _get_runs(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int, request: bool,
+                  flight: Flight) -> None:
+        """One contiguous Get per run of rows consecutive on both sides: every one an ``Rget`` with
+        the MPI lock on; otherwise plain Gets, the last an ``Rget`` with ``request`` (``yield``),
+        and the owner flushed after."""
         breaks = np.flatnonzero((np.diff(local) != 1) | (np.diff(positions) != 1)) + 1
         starts = np.concatenate([[0], breaks])
         lengths = np.diff(np.concatenate([starts, [positions.size]]))
@@ -272,28 +285,33 @@ class DistributedArray:
         runs = list(zip(positions[starts].tolist(), lengths.tolist(), local[starts].tolist()))
         if request and gate.ENABLED:
             rget = self.win.Rget
-            return [rget([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type))
-                    for first, n, row in runs]
+            flight.requests += [rget([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type))
+                                for first, n, row in runs]
+            return
         for first, n, row in runs[:-1] if request else runs:
             get([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type))
         if request:
             first, n, row = runs[-1]
-            return [self.win.Rget([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type))]
-        return []
+            flight.requests.append(self.win.Rget([out[first:first + n], n, row_type], rank, target=(row * items, n, row_type)))
+        flight.flush.append(rank)
 
     def _get_indexed(self, out: np.ndarray, positions: np.ndarray, local: np.ndarray, rank: int, part,
-                     datatypes: list, request: bool) -> list:
-        """One Get of indexed rows on both sides (no Flush), an ``Rget`` when ``request`` (its
-        request returned); the datatypes to free after it go into ``datatypes``."""
+                     flight: Flight) -> None:
+        """One ``Rget`` of the owner's rows (an indexed type on its side) into consecutive rows of
+        ``out``, or of a scratch block scattered into place once it lands: four MPI calls an owner
+        (build, commit, get, free; MPI frees a type in use once its operation completes), and
+        no Flush (the request's completion is the rows' arrival)."""
         if local.max() > np.iinfo(np.int32).max:  # MPI datatype displacements are C ints
             raise OverflowError(f"row {int(local.max())} of partition {part} is beyond the 2^31 rows one RMA read can address")
+        n, first = positions.size, int(positions[0])
+        if int(positions[-1]) - first + 1 == n and (n < 3 or bool((np.diff(positions) == 1).all())):
+            into = out[first:first + n]
+        else:
+            into = np.empty((n, *self.row_shape), dtype=self.dtype)
+            flight.scatters.append((into, positions))
         target = self.row_type.Create_indexed_block(1, local.astype(np.int32)).Commit()
-        origin = self.row_type.Create_indexed_block(1, positions.astype(np.int32)).Commit()
-        datatypes += [target, origin]
-        if request:
-            return [self.win.Rget([out, 1, origin], rank, target=(0, 1, target))]
-        self.win.Get([out, 1, origin], rank, target=(0, 1, target))
-        return []
+        flight.requests.append(self.win.Rget([into, n, self.row_type], rank, target=(0, 1, target)))
+        target.Free()
 
     def publish(self) -> None:
         """Collective over ``comm``: rows written into segments (own or same-node views) after

@@ -12,7 +12,8 @@ The discipline, and why it cannot deadlock: the lock (``held``) is taken around 
 return without waiting for another rank (issuing Gets and Rgets, building datatypes, starting an
 ``Iallreduce``, one ``Testall``, one ``Iprobe``, a ``Flush`` of Gets already completed). A wait
 for another rank is a test loop (``complete``) that takes the lock for each test and releases it
-between tests, so the rank's other thread gets in between and its Gets still progress. A
+between tests, so the rank's other thread gets in between and its Gets still progress; a test
+that finds the lock held is skipped, not waited for (the holder is progressing MPI). A
 blocking collective (``collective``) first meets its peers in an ``Ibarrier`` completed the same
 way, and only then enters the call under the lock: by then every peer has reached it too, and
 each peer's lock is held only for calls that return without waiting on a rank, so the call waits
@@ -61,6 +62,20 @@ class Gate:
             self.left = time.perf_counter()
             self.lock.release()
 
+    def attempt(self, call) -> tuple[bool, object]:
+        """``(True, call())`` under the lock if no thread holds it now; ``(False, None)`` at once if
+        one does: that thread is inside MPI, progressing what the caller waits for too, and the
+        caller tries again after its own pause instead of sleeping on the lock until the holder's
+        release wakes it (on an oversubscribed host each such wake-up waited about half a
+        millisecond for a core: docs/replicas.md, "The lock's cost")."""
+        if not self.lock.acquire(blocking=False):
+            return False, None
+        try:
+            return True, call()
+        finally:
+            self.left = time.perf_counter()
+            self.lock.release()
+
     def poke(self, call, quiet: float) -> bool:
         """``call()`` under the lock, without waiting for it: only if no thread holds it (a thread
         that does is inside MPI, progressing it) and none released it within the last ``quiet``
@@ -98,20 +113,26 @@ def held():
 
 def complete(requests: list, mode: str) -> None:
     """Complete every request (mpi4py ``Request``s): ``spin`` tests back to back, ``yield``
-    sleeps between tests (``rudder.comm.waiting``). With the gate on, each test holds the lock
-    and the other thread gets in between; off, ``spin`` waits in ``Waitall`` as before."""
+    sleeps between tests (``rudder.comm.waiting``). With the gate on, each test is an ``attempt``:
+    under the lock when it is free, skipped when another thread holds it (that thread's call
+    progresses these requests too), and the other thread gets in between; off, ``spin`` waits in
+    ``Waitall`` as before."""
     from mpi4py import MPI
 
     if not ENABLED and mode == "spin":
         MPI.Request.Waitall(requests)
         return
     delay = FIRST_SLEEP
+    test = lambda: MPI.Request.Testall(requests)  # noqa: E731
     while True:
-        with held():
-            if MPI.Request.Testall(requests):
-                return
+        tested, done = GATE.attempt(test) if ENABLED else (True, test())
+        if done:
+            return
         if mode == "spin":
-            GATE.let_in()
+            if tested:
+                GATE.let_in()
+            else:
+                time.sleep(0)  # the holder is inside MPI: let it have the interpreter, then try again
         else:
             time.sleep(delay)
             delay = min(MAX_SLEEP, 2 * delay)
@@ -121,9 +142,9 @@ def settle(request, sleep: float) -> None:
     """Wait for one request testing every ``sleep`` seconds (for waits that must not spin: an
     agent that may share this core), each test under the lock."""
     while True:
-        with held():
-            if request.Test():
-                return
+        _, done = GATE.attempt(request.Test) if ENABLED else (True, request.Test())
+        if done:
+            return
         time.sleep(sleep)
 
 

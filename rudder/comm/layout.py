@@ -54,6 +54,9 @@ class Layout:
     # ranks of this host that may run on this rank's cores, per core (4 ranks sharing 2 cores: 2;
     # srun binding 16 cores to each: 1/16); sets how often a progress thread wakes (rudder.comm.progress)
     ranks_per_core: float = 1.0
+    # ranks, in ``trainers``, of this host's trainers (the segments a window may map: MPI shares
+    # memory only among them), so that opening a window asks its node, not all P ranks
+    node_trainer_ranks: list[int] = field(default_factory=list)
 
     @property
     def trainer_rank(self) -> int:
@@ -164,6 +167,12 @@ def build_layout(num_parts: int, *, agent_per_node: bool = False, partition_mode
     sharing = sum(1 for p in on_host if not cpus or not p[2] or set(cores_of(p[2], p[1])) & set(cpus))
     if is_agent:  # Split with UNDEFINED hands agents COMM_NULL
         trainers = node_trainers = None
+        near = []
+    else:
+        node_group, trainer_group = node_trainers.Get_group(), trainers.Get_group()
+        near = [int(r) for r in node_group.Translate_ranks(list(range(node_trainers.size)), trainer_group)]
+        node_group.Free()
+        trainer_group.Free()
     return Layout(world, node, trainers, node_trainers, node_id, num_nodes, is_agent, partition_mode, partition_id,
                   num_parts, num_trainers, threads, hostname, cpus, waiting.resolve(mpi_wait, threads), shares_cores,
-                  [rank for rank, p in enumerate(peers) if p[1]], sharing / max(1, len(cpus)))
+                  [rank for rank, p in enumerate(peers) if p[1]], sharing / max(1, len(cpus)), near)

@@ -56,9 +56,9 @@ class Adjacency:
             return copy
 
         self.indptr = DistributedArray(comm, [p.num_owned + 1 for p in meta.parts], exposer, mine, np.int64,
-                                       fill=fill("indptr"), wait=layout.mpi_wait)
+                                       fill=fill("indptr"), wait=layout.mpi_wait, nearby=layout.node_trainer_ranks)
         self.indices = DistributedArray(comm, [p.num_in_edges for p in meta.parts], exposer, mine, np.int64,
-                                        fill=fill("indices"), wait=layout.mpi_wait)
+                                        fill=fill("indices"), wait=layout.mpi_wait, nearby=layout.node_trainer_ranks)
 
     def rows(self, gids: np.ndarray, stats: ReadStats):
         """(partition, start in that partition's indices, in-degree) of each global ID."""

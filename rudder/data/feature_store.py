@@ -70,7 +70,7 @@ class FeatureStore(NodeRows):
         super().__init__(meta, DistributedArray(
             layout.trainers, [p.num_owned for p in meta.parts], exposer, layout.partition_id, enc.stored_dtype,
             (enc.width,), fill=lambda own: read_stored_features(data_dir, layout.partition_id, meta, out=own), gets=gets,
-            wait=layout.mpi_wait))
+            wait=layout.mpi_wait, nearby=layout.node_trainer_ranks))
         self.dim = meta.feat_dim
 
     def gather(self, gids: np.ndarray, out: np.ndarray | None = None, at: np.ndarray | None = None,

@@ -158,7 +158,7 @@ class Evaluator:
         hidden_rows, current = None, self.features
         for layer in range(num_layers - 1):
             rows = DistributedArray(layout.trainers, [p.num_owned for p in meta.parts], self.exposer, pid, np.float32,
-                                    (model.widths[layer + 1],), wait=layout.mpi_wait)
+                                    (model.widths[layer + 1],), wait=layout.mpi_wait, nearby=layout.node_trainer_ranks)
             target = rows.views.get(pid)
             node = layout.node_trainers  # collectives beside the pipeline thread: through the MPI lock (rudder.comm.gate)
             shared_ok = gate.collective(node, node.allreduce, target is not None, op=MPI.LAND)
