@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpi_counts  # noqa: E402
 from mpi_job import cached_partition, cpu_ticks  # noqa: E402
 
+from rudder.logs import metrics  # noqa: E402
 from rudder.logs.reader import read_rank  # noqa: E402
 from rudder.plan.cli import plan  # noqa: E402
 
@@ -48,7 +49,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINERS_PER_NODE = 4
 BATCH = 128
 FEAT_DIM = 128
-IMPORTS = ("imports", "trainer imports")  # the phases "imports aside" leaves out
 RMA = ("MPI_Get", "MPI_Rget")
 FLUSH = ("MPI_Win_flush", "MPI_Win_flush_local", "MPI_Win_flush_all", "MPI_Win_flush_local_all")
 DATATYPES = ("MPI_Type_indexed", "MPI_Type_create_indexed_block", "MPI_Type_create_hindexed",
@@ -144,9 +144,9 @@ def analyse(run_dir: str, job: dict, parts: str, policy: str) -> dict:
         steps = len(steady)
         row = {"rank": lay["world_rank"], "node_first": first_of_node[lay["node_id"]] == lay["world_rank"],
                "halo": run["halo_nodes"], "phases": phases,
-               "startup_cpu": sum(c for p, (_, c) in phases.items() if p not in IMPORTS),
+               "startup_cpu": metrics.startup_cpu(startup, imports=False),
                "startup_wall": sum(w for _, (w, _) in phases.items()),
-               "imports_cpu": sum(c for p, (_, c) in phases.items() if p in IMPORTS),
+               "imports_cpu": metrics.startup_cpu(startup) - metrics.startup_cpu(startup, imports=False),
                "runtime_anon": int(runtime["pss_anon_bytes"]), "runtime_file": int(runtime["pss_file_bytes"]),
                "runtime_shmem": int(runtime["pss_shmem_bytes"]),
                "peak_pss": int(peak["pss_bytes"]), "train_peak_pss": int(training["pss_bytes"].max()),

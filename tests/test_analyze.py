@@ -57,6 +57,25 @@ def raw(run, role="trainer"):
     return tables
 
 
+def check_footprint(fp: dict, run) -> None:
+    """Start-up and memory: the slowest trainer's start-up, the most CPU, imports aside (the phases
+    that load code), and the largest trainer's peak PSS by owner, from the raw rows."""
+    startups, peaks = [], []
+    for p in sorted(glob.glob(os.path.join(run, "rank-*.h5"))):
+        with h5py.File(p, "r", locking=False) as f:
+            if f.attrs["role"] == "trainer":
+                startups.append(f["startup"][()])
+                memory = f["memory"][()]
+                peaks.append(memory[int(memory["pss_bytes"].argmax())])
+    assert fp["startup_wall_seconds"] == pytest.approx(max(t["seconds"].sum() for t in startups))
+    assert fp["startup_cpu_seconds"] == pytest.approx(max(t["cpu_seconds"].sum() for t in startups))
+    less = [t["cpu_seconds"][~np.isin(t["phase"], [b"imports", b"trainer imports"])].sum() for t in startups]
+    assert fp["startup_cpu_seconds_less_imports"] == pytest.approx(max(less)) and 0 < max(less) < fp["startup_cpu_seconds"]
+    largest = max(peaks, key=lambda row: row["pss_bytes"])
+    assert fp["peak_pss_bytes"] == largest["pss_bytes"] and fp["peak_features_bytes"] == largest["features_bytes"] > 0
+    assert fp["mean_peak_pss_bytes"] == pytest.approx(np.mean([row["pss_bytes"] for row in peaks]))
+
+
 def test_figures_equal_the_raw_rows(runs):
     from rudder.analysis.summary import summarize
     from rudder.logs.reader import load_run
@@ -96,6 +115,7 @@ def test_figures_equal_the_raw_rows(runs):
         assert (s["buffer"]["hits"], s["buffer"]["refills"], s["buffer"]["comm_volume"]) == (
             mb["hits"].sum(), mb["refills"].sum(), mb["comm_volume"].sum())
         assert s["accuracy"]["test"] == pytest.approx(float(tables[0][1]["test_acc"][-1]))
+        check_footprint(s["footprint"], run)
         bound = s["bound"]
         assert bound["achieved_rows"] == fetched
         assert bound["infinite_rows"] <= bound["min_rows"] <= bound["achieved_rows"]  # MIN never above any policy
@@ -306,7 +326,8 @@ def test_a_log_from_before_the_cpu_columns(runs, tmp_path):
                                                                            if k not in ("cpu", "run")}
     proc = analyze(run)
     assert proc.returncode == 0, proc.stderr
-    assert [line.split()[-1] for line in proc.stdout.splitlines() if "CPU" in line] == ["-"] * 8
+    threads = [line for line in proc.stdout.splitlines() if "CPU s/epoch" in line or "CPU / wall" in line]
+    assert [line.split()[-1] for line in threads] == ["-"] * 8
 
 
 def test_killed_run_still_summarises(runs, tmp_path):

@@ -52,6 +52,24 @@ def cpu_figures(tables: list[np.ndarray], epochs: list[int], trainers: int) -> d
     return out
 
 
+def footprint(run: Run) -> dict | None:
+    """The trainers' start-up and memory (their ``startup`` and ``memory`` tables; None for logs
+    from before them): start-up to the first minibatch, the slowest trainer's wall seconds and
+    the most CPU seconds any spent, all of it and imports aside (``metrics.startup_cpu``); peak PSS,
+    the largest trainer's and the mean, and what the largest one held by owner at its peak."""
+    logs = [r for r in run.ranks if r.tables.get("startup") is not None and r.tables["startup"].size
+            and r.tables.get("memory") is not None and r.tables["memory"].size]
+    if not logs:
+        return None
+    peaks = [log.tables["memory"][int(log.tables["memory"]["pss_bytes"].argmax())] for log in logs]
+    largest = peaks[int(np.argmax([p["pss_bytes"] for p in peaks]))]
+    return {"startup_wall_seconds": max(float(log.tables["startup"]["seconds"].sum()) for log in logs),
+            "startup_cpu_seconds": max(metrics.startup_cpu(log.tables["startup"]) for log in logs),
+            "startup_cpu_seconds_less_imports": max(metrics.startup_cpu(log.tables["startup"], imports=False) for log in logs),
+            "peak_pss_bytes": int(largest["pss_bytes"]), "mean_peak_pss_bytes": float(np.mean([p["pss_bytes"] for p in peaks])),
+            **{f"peak_{owner}_bytes": int(largest[f"{owner}_bytes"]) for owner in ("graph", "features", "buffer", "model")}}
+
+
 def phase_figures(minibatch_tables: list[np.ndarray], phase: int, epochs: list[int], seconds: np.ndarray) -> dict:
     """One phase of a run (``--shift``) over its timed ``epochs``: its epoch time and remote rows fetched per epoch."""
     return {"phase": phase, "epochs": epochs, "median_seconds": metrics.epoch_time(seconds),
@@ -110,4 +128,5 @@ def summarize(run: Run, data_dir: str | None = None) -> dict:
         "bound": optimal_bound(run, data_dir, int(metrics.remote_rows_fetched(mb).sum())),
         "decisions": decision_quality(run) if run.agents else None,
         "divergences": divergences(run),
+        "footprint": footprint(run),
     }

@@ -215,3 +215,15 @@ def per_epoch_mean(tables: list[np.ndarray], column, epochs: list[int]) -> float
 def remote_rows_per_epoch(tables: list[np.ndarray], epochs: list[int]) -> float | None:
     """Remote rows fetched per epoch, all trainers, averaged over ``epochs`` (use ``timed_epochs``)."""
     return per_epoch_mean(tables, remote_rows_fetched, epochs)
+
+
+# Start-up phases that load code (rudder.train.footprint's ``startup`` rows): "imports aside"
+# leaves them out, the rest is the work a rank's start-up does and the waits it meets
+IMPORT_PHASES = ("imports", "trainer imports")
+
+
+def startup_cpu(startup: np.ndarray, imports: bool = True) -> float:
+    """A trainer's start-up CPU seconds, process start to its first minibatch (``imports`` False:
+    the code-loading phases aside)."""
+    keep = np.ones(startup.size, dtype=bool) if imports else ~np.isin(startup["phase"], [p.encode() for p in IMPORT_PHASES])
+    return float(startup["cpu_seconds"][keep].sum())
