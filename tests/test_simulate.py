@@ -268,6 +268,12 @@ def test_plan_from_published_statistics_prints(capsys):
     out = capsys.readouterr().out
     assert "papers100M: 111,059,956 nodes" in out and "256 trainers on 64 nodes (256 tasks)" in out
     assert "srun --ntasks=256 --ntasks-per-node=4" in out and "--fanouts 5,10" in out
+    assert "jobscripts/cpu.sbatch" in out and "--device cpu" in out and "--gpus-per-node" not in out
+    # GPU nodes: their job script, a GPU a trainer, the device said once
+    assert main(["--like", "papers100M", "--ranks", "256", "--policy", "heuristic", "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "sbatch -N 64 jobscripts/gpu.sbatch" in out and "--ntasks=320 --ntasks-per-node=5" in out
+    assert "--gpus-per-node=4" in out and out.count("--device") == 1
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -29,8 +29,10 @@ from rudder.train.config import ConfigError, TrainConfig
 from rudder.train.launch import launch_plan
 
 SECTIONS = ("model", "sampling", "training", "buffer", "agent", "data")
-SKIP = ("data", "eval_every", "device", "collect_traces", "replay", "agent_delay", "agent_cores",
+SKIP = ("data", "eval_every", "collect_traces", "replay", "agent_delay", "agent_cores",
         "agent_windows_in_flight", "epochs")
+# The job script for a device (jobscripts/): it sets --device itself, so the flag is not repeated
+JOB_SCRIPTS = {"cpu": "jobscripts/cpu.sbatch", "cuda": "jobscripts/gpu.sbatch"}
 MB = 1 << 20
 
 
@@ -131,7 +133,10 @@ def argv_flags(values: dict) -> list[str]:
 
 
 def launch_lines(cfg, graph: GraphShape, layout: estimate.Layout, ours: dict, flags: list[str]) -> dict:
-    """The sbatch line (jobscripts/cpu.sbatch through rudder-job.sh) and the srun line it runs."""
+    """The sbatch line (the device's job script, through rudder-job.sh) and the srun line it runs:
+    ``--device cuda`` plans GPU nodes (jobscripts/gpu.sbatch: a GPU a trainer)."""
+    device = cfg.model.device
+    flags = [f for i, f in enumerate(flags) if f != "--device" and (i == 0 or flags[i - 1] != "--device")]
     shape = launch_plan(cfg.buffer.policy, layout.trainers_per_node, ours["cpus"], ours["threads_per_core"])
     data = ours["data"] or f"PARTS  # python -m partitioning ... --num-parts {layout.trainers}"
     env = [f"RUDDER_DATA={shlex.quote(ours['data']) if ours['data'] else 'PARTS'}",
@@ -140,10 +145,12 @@ def launch_lines(cfg, graph: GraphShape, layout: estimate.Layout, ours: dict, fl
         env.append(f"RUDDER_ARGS={shlex.quote(' '.join(flags))}")
     bind = (f"--cpus-per-task={shape['cpus_per_task']} --cpu-bind=cores" if shape["cpus_per_task"]
             else "--cpu-bind=none")
-    return {"sbatch": " ".join(env) + f" sbatch -N {layout.nodes} jobscripts/cpu.sbatch",
+    gpus = f"--gpus-per-node={layout.trainers_per_node} " if device == "cuda" else ""
+    return {"sbatch": " ".join(env) + f" sbatch -N {layout.nodes} {JOB_SCRIPTS[device]}",
             "srun": (f"srun --ntasks={layout.nodes * shape['tasks_per_node']} --ntasks-per-node={shape['tasks_per_node']} "
-                     f"--distribution=block:block {bind} --kill-on-bad-exit=1 python drivers/train.py "
-                     f"--data {data.split('  #')[0]} --policy {cfg.buffer.policy}" + "".join(f" {f}" for f in flags)),
+                     f"--distribution=block:block {bind} {gpus}--kill-on-bad-exit=1 python drivers/train.py "
+                     f"--data {data.split('  #')[0]} --policy {cfg.buffer.policy} --device {device}"
+                     + "".join(f" {f}" for f in flags)),
             **shape}
 
 
