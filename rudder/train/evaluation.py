@@ -27,6 +27,7 @@ accuracy is the same on every rank.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,9 +76,12 @@ class Evaluator:
         num_layers = len(model.layers)
         neighbourhoods = None
         if self.inference == "auto":  # decided once: the same graph and seeds every time
-            neighbourhoods = list(self._neighbourhoods([-1] * num_layers, result.adjacency))
-            self.inference = "khop" if self._khop_reads_less(neighbourhoods, model.widths) else "layerwise"
-        if self.inference == "khop" and neighbourhoods is None:
+            # counted one neighbourhood at a time, then sampled again if khop is chosen (every
+            # neighbour: the same minibatches): all of them held at once were the evaluation's
+            # largest transient (docs/results-scale.md)
+            counting = self._neighbourhoods([-1] * num_layers, result.adjacency)
+            self.inference = "khop" if self._khop_reads_less(counting, model.widths) else "layerwise"
+        if self.inference == "khop":
             neighbourhoods = self._neighbourhoods([-1] * num_layers, result.adjacency)
         if self.inference == "sampled":
             neighbourhoods = self._neighbourhoods(list(fanouts), result.adjacency, sampled=True)
@@ -110,7 +114,7 @@ class Evaluator:
             stats.add(mb.stats)
             yield mb
 
-    def _khop_reads_less(self, neighbourhoods: list[SampledMinibatch], widths: list[int]) -> bool:
+    def _khop_reads_less(self, neighbourhoods: Iterable[SampledMinibatch], widths: list[int]) -> bool:
         """Over all trainers: the bytes ``khop`` reads (the feature rows of its neighbourhoods'
         outermost nodes that other partitions own) against those ``layerwise`` would: each hidden
         layer's input rows of the halo (split among the partition's trainers), the features' at
@@ -121,9 +125,12 @@ class Evaluator:
         in_bytes = [feature_bytes] + [4 * w for w in widths[1:-1]]  # each layer's input row
         # a minibatch's seed-side layer's sources, its scored nodes and their in-neighbours, are a
         # prefix of its input nodes (every layer's sources begin with its destinations)
-        first_hop = sum(self._other(mb.input_nodes[:mb.layers[-1].num_src]) for mb in neighbourhoods)
+        first_hop = outer = 0
+        for mb in neighbourhoods:
+            first_hop += self._other(mb.input_nodes[:mb.layers[-1].num_src])
+            outer += self._other(mb.input_nodes)
         layerwise = p.halo_nodes.size * share * sum(in_bytes[:-1]) + first_hop * in_bytes[-1]
-        khop = sum(self._other(mb.input_nodes) for mb in neighbourhoods) * feature_bytes
+        khop = outer * feature_bytes
         total = np.array([khop, layerwise], dtype=np.float64)
         gate.collective(self.layout.trainers, self.layout.trainers.Allreduce, MPI.IN_PLACE, total, op=MPI.SUM)
         return bool(total[0] <= total[1])
