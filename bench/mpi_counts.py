@@ -8,7 +8,10 @@ calls it for the bytes).
 Bytes: a Get's or Put's origin data (count x the origin type's size), a send's data, and what a
 rank contributes to a collective (its send count x type size; Allreduce, Reduce and Bcast their
 count; a Barrier none). Each line of ``LOG.<pid>`` is one mark: ``{"tag": ..., "calls": {name:
-n}, "bytes": {name: n}, "rank": world rank}``; the last, ``finalize``, is written at MPI_Finalize (or exit).
+n}, "bytes": {name: n}, "rank": world rank, "inside_cpu_ns": n, "inside_wall_ns": n}``: the last two,
+the CPU and wall nanoseconds the rank's threads have spent inside MPI so far (outermost calls; a
+blocking call polls, so its wait for other ranks is CPU too). The last mark, ``finalize``, is written
+at MPI_Finalize (or exit).
 
     python bench/mpi_counts.py --build DIR      # prints the shim's path
 """
@@ -42,23 +45,43 @@ PROLOGUE = r"""
 #include <stdlib.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <time.h>
 extern const char *NAMES[];
 extern const int NFUNCS;
 static long calls[NFUNCS_MAX], bytes[NFUNCS_MAX];
 static __thread int depth;
+/* CPU and wall nanoseconds the rank's threads spent inside MPI (outermost calls): a blocking
+   call's polling burns CPU while it waits for other ranks, more where ranks share cores */
+static long inside_cpu_ns, inside_wall_ns;
+static __thread struct timespec cpu0, wall0;
+static inline long ns_since(clockid_t clock, const struct timespec *t0) {
+    struct timespec t; clock_gettime(clock, &t);
+    return (t.tv_sec - t0->tv_sec) * 1000000000L + (t.tv_nsec - t0->tv_nsec);
+}
 static pthread_mutex_t mark_lock = PTHREAD_MUTEX_INITIALIZER;
 extern int PMPI_Type_size(int, int *);
 extern int PMPI_Initialized(int *);
 extern int PMPI_Finalized(int *);
 extern int PMPI_Comm_rank(int, int *);
 #define WORLD 0x44000000  /* MPI_COMM_WORLD in MPICH's ABI */
-static inline void enter(int k) { if (!depth++) __atomic_add_fetch(&calls[k], 1, __ATOMIC_RELAXED); }
+static inline void enter(int k) {
+    if (!depth++) {
+        __atomic_add_fetch(&calls[k], 1, __ATOMIC_RELAXED);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu0);
+        clock_gettime(CLOCK_MONOTONIC, &wall0);
+    }
+}
 static inline void moved(int k, long count, long type) {
     int size = 0;
     if (depth == 1 && count > 0 && PMPI_Type_size((int)type, &size) == 0)
         __atomic_add_fetch(&bytes[k], count * size, __ATOMIC_RELAXED);
 }
-static inline void leave(void) { depth--; }
+static inline void leave(void) {
+    if (!--depth) {
+        __atomic_add_fetch(&inside_cpu_ns, ns_since(CLOCK_THREAD_CPUTIME_ID, &cpu0), __ATOMIC_RELAXED);
+        __atomic_add_fetch(&inside_wall_ns, ns_since(CLOCK_MONOTONIC, &wall0), __ATOMIC_RELAXED);
+    }
+}
 static void dump(FILE *f, const long *counts) {
     int first = 1;
     for (int k = 0; k < NFUNCS; k++)
@@ -80,7 +103,7 @@ void rudder_mpi_counts_mark(const char *tag) {
         dump(f, calls);
         fprintf(f, "}, \"bytes\": {");
         dump(f, bytes);
-        fprintf(f, "}}\n");
+        fprintf(f, "}, \"inside_cpu_ns\": %ld, \"inside_wall_ns\": %ld}\n", inside_cpu_ns, inside_wall_ns);
         fclose(f);
     }
     pthread_mutex_unlock(&mark_lock);
@@ -148,11 +171,15 @@ def read(log: str) -> dict[int, list[dict]]:
 
 
 def between(marks: list[dict], first: str, last: str) -> dict:
-    """Calls and bytes by function between the marks tagged ``first`` and ``last`` (the earliest of each)."""
+    """Calls and bytes by function, and the nanoseconds inside MPI, between the marks tagged
+    ``first`` and ``last`` (the earliest of each)."""
     tags = {m["tag"]: m for m in reversed(marks)}
     a, b = tags[first], tags[last]
-    return {kind: {name: n - a[kind].get(name, 0) for name, n in b[kind].items() if n - a[kind].get(name, 0)}
-            for kind in ("calls", "bytes")}
+    out = {kind: {name: n - a[kind].get(name, 0) for name, n in b[kind].items() if n - a[kind].get(name, 0)}
+           for kind in ("calls", "bytes")}
+    for kind in ("inside_cpu_ns", "inside_wall_ns"):  # marks from before these were counted: none
+        out[kind] = b.get(kind, 0) - a.get(kind, 0)
+    return out
 
 
 if __name__ == "__main__":

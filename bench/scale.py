@@ -173,8 +173,12 @@ def analyse(run_dir: str, job: dict, parts: str, policy: str) -> dict:
             row.update(eval_gets=summed(eval_calls["calls"], RMA), eval_get_bytes=summed(eval_calls["bytes"], RMA),
                        eval_collectives=summed(eval_calls["calls"], COLLECTIVES))
         if startup_calls is not None:
+            # start-up work outside MPI: the CPU the start-up spent (imports aside) less the CPU its
+            # threads spent inside MPI calls, mostly polling in waits for other ranks
+            in_mpi = startup_calls["inside_cpu_ns"] / 1e9
             row.update(startup_collectives=summed(startup_calls["calls"], COLLECTIVES),
-                       startup_calls=sum(startup_calls["calls"].values()))
+                       startup_calls=sum(startup_calls["calls"].values()), startup_cpu_in_mpi=in_mpi,
+                       startup_cpu_outside_mpi=row["startup_cpu"] - in_mpi)
         per_rank.append(row)
     checkpoint = {}
     for folder in sorted(glob.glob(os.path.join(run_dir, "checkpoint", "*")))[-1:]:
@@ -204,7 +208,7 @@ def point_summary(result: dict) -> dict:
                 "runtime_shmem", "graph_bytes", "features_bytes", "buffer_bytes", "model_bytes", "owners_rma", "rows_rma",
                 "bytes_rma", "t_rma", "input_nodes", "epoch_seconds", "eval_seconds", "gets", "flushes", "datatypes",
                 "polls", "get_bytes", "collective_bytes", "all_calls", "eval_gets", "eval_get_bytes", "eval_collectives",
-                "startup_collectives", "startup_calls"):
+                "startup_collectives", "startup_calls", "startup_cpu_in_mpi", "startup_cpu_outside_mpi"):
         if key in ranks[0]:
             out[key] = mean(r[key] for r in ranks)
     out["peak_pss_max"] = max(r["peak_pss"] for r in ranks)
@@ -251,11 +255,16 @@ def print_tables(series: dict) -> None:
             print(f"  P={p}: phases wall/CPU s: {phases}; a node's first trainer {s['startup_cpu_node_first']:.2f} CPU s "
                   f"(imports aside), the rest {s['startup_cpu_others']:.2f}; peak PSS max {s['peak_pss_max'] / MB:.1f} MB, "
                   f"peak RSS {s['peak_rss'] / MB:.1f} MB; start-up collectives {s.get('startup_collectives', 0):.0f}, "
+                  f"start-up CPU inside MPI {s.get('startup_cpu_in_mpi', float('nan')):.2f} s, outside "
+                  f"{s.get('startup_cpu_outside_mpi', float('nan')):.2f} s (imports aside), "
                   f"agent build {s['agent_build_s']:.2f} s, trainers waited {s['agent_wait_s']:.2f} s for it")
             print(f"        collectives in epoch 1 ({s.get('collective_bytes', 0):.0f} B): {coll}")
         last = max(points, key=int)
         a, b = points[first], points[last]
+        outside = (b["startup_cpu_outside_mpi"] / a["startup_cpu_outside_mpi"]
+                   if a.get("startup_cpu_outside_mpi") and "startup_cpu_outside_mpi" in b else float("nan"))
         print(f"  P={last} / P={first}: start-up CPU (imports aside) {b['startup_cpu'] / a['startup_cpu']:.2f}x, "
+              f"outside MPI {outside:.2f}x, "
               f"peak PSS {b['peak_pss'] / a['peak_pss']:.2f}x, "
               f"PSS less file-backed {b['pss_less_file'] / a['pss_less_file']:.2f}x, "
               f"halo {b['halo'] / a['halo']:.2f}x")
