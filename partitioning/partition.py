@@ -274,10 +274,11 @@ def partition_meta(graph: GraphData, layout: Layout, infos: list[PartInfo], seed
                          feature_max_abs_error=choice["max_error"])
 
 
-def partition_graph(graph: GraphData, num_parts: int, out: str, method: str = "metis", seed: int = 0,
+def partition_graph(graph: GraphData, num_parts: int, out: str, method: str = "auto", seed: int = 0,
                     force: bool = False, source: str = "", feature_dtype: str = "auto") -> tuple[PartitionMeta, dict]:
-    """``feature_dtype``: the features' storage type (``rudder.data.feature_encoding``), or
-    ``auto``: the smallest one that stores them exactly."""
+    """``method``: as the CLI's ``--method`` (``auto``, its default too: METIS below its index
+    limit, the multilevel path above it); ``feature_dtype``: the features' storage type
+    (``rudder.data.feature_encoding``), or ``auto``: the smallest one that stores them exactly."""
     out = check_request(graph, num_parts, out, force, feature_dtype)
     timings = {}
     layout, orig_of_new, choice = assign_and_layout(graph, num_parts, method, seed, feature_dtype, timings)

@@ -2,6 +2,7 @@
 run on small graphs by lowering the limit, and ``--method auto``'s choice between it and METIS."""
 from __future__ import annotations
 
+import inspect
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from conftest import BUNDLED_CORA, run_cli
 
 from partitioning import metis, multilevel
+from partitioning.cli import partition_parser
 from partitioning.graph import InputError
 from partitioning.partition import partition_graph
 from partitioning.sources import load_spec
@@ -56,9 +58,11 @@ def test_auto_takes_multilevel_above_the_limit(tmp_path):
 
 
 def test_auto_is_metis_below_the_limit(tmp_path):
-    """Under the limit auto runs METIS: the same part files, bit for bit, as --method metis."""
+    """Under the limit auto runs METIS: the same part files, bit for bit, as --method metis. auto is
+    the default of the library call as of the CLI."""
     graph = load_spec(f"planetoid:{BUNDLED_CORA}:cora")
-    auto, _ = partition_graph(graph, 3, str(tmp_path / "auto"), method="auto")
+    assert partition_parser().get_default("method") == inspect.signature(partition_graph).parameters["method"].default
+    auto, _ = partition_graph(graph, 3, str(tmp_path / "auto"))
     plain, _ = partition_graph(graph, 3, str(tmp_path / "metis"), method="metis")
     assert [p.sha256 for p in auto.parts] == [p.sha256 for p in plain.parts]
     assert auto.method == "metis" and auto.partitioner["requested_method"] == "auto"
