@@ -23,7 +23,10 @@ from partitioning.graph import InputError
 METHODS = ("auto", "metis", "multilevel")
 # Tests and benchmarks lower the limit so small graphs take the multilevel path (docs/partitioning.md).
 EDGE_LIMIT_ENV = "RUDDER_PARTITION_EDGE_LIMIT"
-CHUNK_EDGES = 1 << 23
+# Edges a pass over the graph handles at once: its numpy temporaries take about 100 bytes an edge
+# of the chunk, so the chunk bounds them (at 1 << 23 they were 0.8 GB, the path's peak on RMAT-20)
+CHUNK_EDGES = 1 << 20
+COARSEN_TO = 4  # METIS sees at most 1 / COARSEN_TO of the graph's edges
 IMBALANCE = 0.03  # refinement keeps each constraint's heaviest part within 1.03x the average (or the METIS result's, if higher)
 REFINE_ROUNDS = 12
 LP_ROUNDS = 8
@@ -111,13 +114,16 @@ def assign(method: str, xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarr
 
 # ----------------------------------------------------------------------------- the multilevel path
 def multilevel_kway(graph: Graph, nparts: int, seed: int, limit: int) -> tuple[int, np.ndarray, list]:
-    """Coarsen until at most ``limit`` directed edges remain, METIS there, then project and refine
-    back up; returns (edge cut, parts, [nodes, edges] of each level, finest first)."""
+    """Coarsen until at most ``limit`` directed edges remain (and at most a quarter of the graph's),
+    METIS there, then project and refine back up; returns (edge cut, parts, [nodes, edges] of each level, finest first)."""
     rng = np.random.default_rng(seed)
     totals = graph.vwgt.sum(axis=0)
     cap = np.maximum(totals // (CLUSTER_SHARE * nparts), graph.vwgt.max(axis=0))
-    # Below the build's own limit, coarsen to half of it: the other half holds the summed edge weights.
-    target = min(limit, metis.index_limit() // 2)
+    # METIS gets at most a quarter of the edges (its own arrays take about 46 bytes an edge it sees:
+    # a quarter keeps them near the input CSR's size; cut and halo within 1.02x of METIS on the
+    # whole of RMAT-20, docs/partitioning.md), and below the build's own limit at most half of it:
+    # the other half holds the summed edge weights.
+    target = min(limit, metis.index_limit() // 2, max(graph.m // COARSEN_TO, 1))
     hierarchy, cmaps = [graph], []
     while hierarchy[-1].m > target:
         if len(hierarchy) > MAX_LEVELS:
