@@ -27,8 +27,9 @@ from partitioning.spec import Options, parse_options, positional
 METIS_BYTES_PER_EDGE = 46.0
 METIS_BYTES_PER_NODE = 150.0
 # The multilevel path (partitioning/multilevel.py: METIS on at most a quarter of the edges, passes
-# over 1M-edge chunks): fitted on RMAT-20 and RMAT-22's whole runs (27.0 and 27.3 bytes an edge
-# beside the CSR; 1.8e-6 and 2.0e-6 CPU s an edge; docs/partitioning.md, "The memory model")
+# over 1M-edge chunks): fitted on RMAT-20 and RMAT-22's whole runs into 8 parts (27.0 and 27.3
+# bytes an edge beside the CSR; 1.8e-6 and 2.0e-6 CPU s an edge); into 64 parts RMAT-23 needed
+# 1.25x this (smaller clusters coarsen slower: more levels held; docs/partitioning.md)
 MULTILEVEL_BYTES_PER_EDGE = 27.2
 MULTILEVEL_SECONDS_PER_EDGE = 1.9e-6
 METIS_EDGE_LIMIT = 2**31 - 1
@@ -149,11 +150,8 @@ def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict
                "assign": {"metis": SECONDS["metis_per_edge"], "multilevel": MULTILEVEL_SECONDS_PER_EDGE,
                           "random": 0.0}[assign_method(method, e)] * e,
                "write": (SECONDS["write_per_edge"] * e + SECONDS["write_per_feature_byte"] * 4 * d * n) / ranks}
-    # where METIS runs, what the leaner multilevel path would need instead (docs/partitioning.md)
-    lean = plan(g, parts, ranks, "multilevel") if assign_method(method, e) == "metis" else None
     return {"graph": g, "parts": parts, "ranks": ranks, "method": method, "phases": phases, "peak_phase": peak_phase,
-            "peak_bytes": peak, "multilevel": lean and {"peak_bytes": lean["peak_bytes"],
-                                                        "total_seconds": lean["total_seconds"]},
+            "peak_bytes": peak,
             "other_rank_bytes": BASELINE_BYTES + phases["other_rank"],
             "bytes_per_edge": (peak - BASELINE_BYTES - phases["part_features"]) / e, "disk_bytes": disk,
             "scratch_bytes": scratch, "seconds": seconds, "total_seconds": sum(seconds.values())}
@@ -178,9 +176,6 @@ def format_plan(p: dict) -> str:
     lines += [f"  {name:<9} {p['phases'][name] / gib:8.2f} GiB {p['seconds'][name]:8.0f} s"
               for name in ("generate", "csr", "assign", "write")]
     lines.append(f"  (assign: {method}; write: shared by {p['ranks']} rank(s))")
-    if p["multilevel"]:
-        lines.append(f"with --method multilevel instead (METIS on a quarter of the edges): peak "
-                     f"{p['multilevel']['peak_bytes'] / gib:.2f} GiB, {p['multilevel']['total_seconds']:.0f} s")
     lines.append(f"predicted disk {p['disk_bytes'] / gib:.2f} GiB of partitions (float32 features; compact types "
                  f"less), scratch {p['scratch_bytes'] / gib:.2f} GiB"
                  + (" if data.npz is compressed (0 if stored)" if g.archive else ""))
