@@ -136,7 +136,7 @@ def test_no_buffer_fixed_and_dgls_layer_on_facebook(tmp_path):
     Cora and RMAT above and below), and the no-buffer run again with DGL's SAGEConv in place of
     ours, trained alike (tests/test_train.py compares the two layers on Cora too)."""
     spec = shared_dataset("musae", "facebook")
-    _, beside = check_policies(spec, 2, tmp_path, ["--epochs", "3", "--batch-size", "1000"], runs=[RUNS[i] for i in (0, 3)],
+    _, beside = check_policies(spec, 2, tmp_path, ["--epochs", "2", "--batch-size", "1000"], runs=[RUNS[i] for i in (0, 3)],
                                stored_as="bits", float32=False, beside=[("dgl", [*RUNS[0][1], "--model-impl", "dgl"])])
     runs = {"torch": read_logs(tmp_path / "run0"), "dgl": beside["dgl"]}
     assert {log["run"]["model_impl"] for log in runs["dgl"]} == {"dgl"}
