@@ -17,17 +17,13 @@ at MPI_Finalize (or exit).
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
-import platform
-import shutil
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpi_overlap import QUERIES, SKIP, libmpi  # noqa: E402
+from mpi_overlap import build_cli, compile_shim, shim_library, wrappable  # noqa: E402
 
 from rudder.train.footprint import COUNTS_ENV  # noqa: E402
 
@@ -123,27 +119,18 @@ int f(ARGS) { long v[12] = {PASS}; enter(k); moved(k, v[c], v[t]); int r = P##f(
 
 def build(out_dir: str) -> str | None:
     """Compile the shim for the libmpi beside this Python; its path, or None where it cannot be
-    built here (not x86-64 Linux, no compiler, no nm, no libmpi)."""
-    lib = libmpi()
-    if platform.machine() != "x86_64" or not lib or not shutil.which("gcc") or not shutil.which("nm"):
+    built here (``mpi_overlap.shim_library``)."""
+    lib = shim_library()
+    if lib is None:
         return None
-    defined = set(subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True,
-                                 check=True).stdout.split())
-    wrapped = sorted(n for n in defined if n.startswith("MPI_") and "P" + n in defined and n not in SKIP
-                     and n not in QUERIES and n != "MPI_Type_size" and not n.startswith("MPI_T_"))
+    wrapped = wrappable(lib, skip={"MPI_Type_size"})
     lines = [f"#define NFUNCS_MAX {len(wrapped) + 1}", PROLOGUE,
              f"const int NFUNCS = {len(wrapped)};",
              "const char *NAMES[] = {" + ", ".join(f'"{n}"' for n in wrapped) + "};"]
     for k, n in enumerate(wrapped):
         base = n.removesuffix("_c")  # the large-count variant (mpi4py 4 calls these) takes its arguments in the same places
         lines.append(f"M({n}, {k}, {MOVES[base][0]}, {MOVES[base][1]})" if base in MOVES else f"W({n}, {k})")
-    os.makedirs(out_dir, exist_ok=True)
-    source, shim = os.path.join(out_dir, "mpi_counts.c"), os.path.join(out_dir, "mpi_counts.so")
-    with open(source, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", shim, source, lib, "-lpthread",
-                    f"-Wl,-rpath,{os.path.dirname(lib)}"], check=True)
-    return shim
+    return compile_shim(lib, out_dir, "mpi_counts", "\n".join(lines) + "\n", libs=("-lpthread",))
 
 
 def env(shim: str, log: str) -> dict:
@@ -183,7 +170,4 @@ def between(marks: list[dict], first: str, last: str) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", metavar="DIR", required=True)
-    shim_path = build(parser.parse_args().build)
-    print(shim_path or "the shim cannot be built here (x86-64 Linux, gcc, nm and the mpich wheel's libmpi needed)")
+    build_cli(build, __doc__)

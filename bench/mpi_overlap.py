@@ -90,23 +90,50 @@ def libmpi() -> str | None:
     return found[0] if found else None
 
 
-def build(out_dir: str) -> str | None:
-    """Compile the shim for the libmpi beside this Python; its path, or None where it cannot be
-    built here (not x86-64 Linux, no compiler, no nm, no libmpi)."""
+def shim_library() -> str | None:
+    """The libmpi a PMPI shim is built against, or None where one cannot be built here (not
+    x86-64 Linux, no compiler, no nm, no libmpi)."""
     lib = libmpi()
     if platform.machine() != "x86_64" or not lib or not shutil.which("gcc") or not shutil.which("nm"):
         return None
-    names = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True).stdout.split()
-    defined = set(names)
-    wrapped = sorted(n for n in defined if n.startswith("MPI_") and "P" + n in defined and n not in SKIP
-                     and n not in QUERIES and not n.startswith("MPI_T_"))
+    return lib
+
+
+def wrappable(lib: str, skip=frozenset()) -> list[str]:
+    """The MPI functions of ``lib`` a shim wraps: those with a PMPI twin, less SKIP, QUERIES, the
+    tools interface and ``skip``."""
+    defined = set(subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True,
+                                 check=True).stdout.split())
+    return sorted(n for n in defined if n.startswith("MPI_") and "P" + n in defined and n not in SKIP
+                  and n not in QUERIES and n not in skip and not n.startswith("MPI_T_"))
+
+
+def compile_shim(lib: str, out_dir: str, name: str, source_text: str, libs=()) -> str:
+    """``source_text`` written to OUT_DIR/NAME.c and compiled against ``lib``: the shim's path."""
     os.makedirs(out_dir, exist_ok=True)
-    source, shim = os.path.join(out_dir, "mpi_overlap.c"), os.path.join(out_dir, "mpi_overlap.so")
+    source, shim = os.path.join(out_dir, f"{name}.c"), os.path.join(out_dir, f"{name}.so")
     with open(source, "w") as f:
-        f.write(PROLOGUE + "".join(f"W({n})\n" for n in wrapped))
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", shim, source, lib, f"-Wl,-rpath,{os.path.dirname(lib)}"],
-                   check=True)
+        f.write(source_text)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", shim, source, lib, *libs,
+                    f"-Wl,-rpath,{os.path.dirname(lib)}"], check=True)
     return shim
+
+
+def build_cli(build, doc: str) -> None:
+    """A shim module's command line: ``--build DIR`` prints the built shim's path."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--build", metavar="DIR", required=True)
+    shim_path = build(parser.parse_args().build)
+    print(shim_path or "the shim cannot be built here (x86-64 Linux, gcc, nm and the mpich wheel's libmpi needed)")
+
+
+def build(out_dir: str) -> str | None:
+    """Compile the shim for the libmpi beside this Python; its path, or None where it cannot be
+    built here (``shim_library``)."""
+    lib = shim_library()
+    if lib is None:
+        return None
+    return compile_shim(lib, out_dir, "mpi_overlap", PROLOGUE + "".join(f"W({n})\n" for n in wrappable(lib)))
 
 
 def env(shim: str, log: str) -> dict:
@@ -129,7 +156,4 @@ def read(log: str) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", metavar="DIR", required=True)
-    shim_path = build(parser.parse_args().build)
-    print(shim_path or "the shim cannot be built here (x86-64 Linux, gcc, nm and the mpich wheel's libmpi needed)")
+    build_cli(build, __doc__)
