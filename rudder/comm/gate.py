@@ -111,6 +111,12 @@ def held():
     return GATE.held() if ENABLED else contextlib.nullcontext()
 
 
+def attempt(call) -> tuple[bool, object]:
+    """``(tested, call())``: ``Gate.attempt`` with the gate on (``(False, None)`` while another
+    thread holds the lock); with it off, the call at once."""
+    return GATE.attempt(call) if ENABLED else (True, call())
+
+
 def complete(requests: list, mode: str) -> None:
     """Complete every request (mpi4py ``Request``s): ``spin`` tests back to back, ``yield``
     sleeps between tests (``rudder.comm.waiting``). With the gate on, each test is an ``attempt``:
@@ -125,7 +131,7 @@ def complete(requests: list, mode: str) -> None:
     delay = FIRST_SLEEP
     test = lambda: MPI.Request.Testall(requests)  # noqa: E731
     while True:
-        tested, done = GATE.attempt(test) if ENABLED else (True, test())
+        tested, done = attempt(test)
         if done:
             return
         if mode == "spin":
@@ -142,7 +148,7 @@ def settle(request, sleep: float) -> None:
     """Wait for one request testing every ``sleep`` seconds (for waits that must not spin: an
     agent that may share this core), each test under the lock."""
     while True:
-        _, done = GATE.attempt(request.Test) if ENABLED else (True, request.Test())
+        _, done = attempt(request.Test)
         if done:
             return
         time.sleep(sleep)

@@ -119,10 +119,11 @@ def describe(graph: GraphShape) -> dict:
 
 
 def argv_flags(values: dict) -> list[str]:
-    """drivers/train.py flags for the run options given on this command line (the policy aside)."""
+    """drivers/train.py flags for the run options given on this command line (the policy and the
+    device aside: the job script sets them)."""
     flags = []
     for name, value in sorted(values.items()):
-        if name == "policy":
+        if name in ("policy", "device"):
             continue
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
@@ -136,7 +137,6 @@ def launch_lines(cfg, graph: GraphShape, layout: estimate.Layout, ours: dict, fl
     """The sbatch line (the device's job script, through rudder-job.sh) and the srun line it runs:
     ``--device cuda`` plans GPU nodes (jobscripts/gpu.sbatch: a GPU a trainer)."""
     device = cfg.model.device
-    flags = [f for i, f in enumerate(flags) if f != "--device" and (i == 0 or flags[i - 1] != "--device")]
     shape = launch_plan(cfg.buffer.policy, layout.trainers_per_node, ours["cpus"], ours["threads_per_core"])
     data = ours["data"] or f"PARTS  # python -m partitioning ... --num-parts {layout.trainers}"
     env = [f"RUDDER_DATA={shlex.quote(ours['data']) if ours['data'] else 'PARTS'}",

@@ -73,22 +73,18 @@ class Evaluator:
         was_training = model.training
         model.eval()
         result = Evaluation({}, self.inference)
-        num_layers = len(model.layers)
-        neighbourhoods = None
+        every = [-1] * len(model.layers)
         if self.inference == "auto":  # decided once: the same graph and seeds every time
             # counted one neighbourhood at a time, then sampled again if khop is chosen (every
-            # neighbour: the same minibatches): all of them held at once were the evaluation's
-            # largest transient (docs/results-scale.md)
-            counting = self._neighbourhoods([-1] * num_layers, result.adjacency)
+            # neighbour: the same minibatches), so that no more than one is held at once
+            counting = self._neighbourhoods(every, result.adjacency)
             self.inference = "khop" if self._khop_reads_less(counting, model.widths) else "layerwise"
-        if self.inference == "khop":
-            neighbourhoods = self._neighbourhoods([-1] * num_layers, result.adjacency)
-        if self.inference == "sampled":
-            neighbourhoods = self._neighbourhoods(list(fanouts), result.adjacency, sampled=True)
         result.inference = self.inference
         if self.inference == "layerwise":
             logits = self._layerwise(model, result, progress)
         else:
+            sampled = self.inference == "sampled"
+            neighbourhoods = self._neighbourhoods(list(fanouts) if sampled else every, result.adjacency, sampled=sampled)
             logits = self._over_neighbourhoods(model, neighbourhoods, result, progress)
         counts = np.zeros(2 * len(self.eval_sets), dtype=np.int64)
         start = self.partition.node_start
