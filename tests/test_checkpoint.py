@@ -319,3 +319,18 @@ def test_bad_resume_input_is_one_line(parts, uninterrupted, tmp_path):
         parse_config(["--resume", str(tmp_path / "old")])
     proc = run_train(2, "--resume", tmp_path / "run")  # a 3-rank checkpoint, 2 ranks launched
     assert proc.returncode == 2 and "3-rank job" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_late_agent_file_of_a_superseded_checkpoint_is_dropped(tmp_path):
+    """An agent writes its part of a checkpoint when its node's trainers have all reached it, and
+    they do not wait for it: if they have committed a newer checkpoint (and dropped this one's
+    folder) by then, the file is not written and no folder is made again; otherwise it is."""
+    from rudder.logs import checkpoints
+
+    run = str(tmp_path)
+    assert checkpoints.save_late(run, 19, "agent-00002.pt", {"counter": 19})  # nothing committed yet
+    checkpoints.commit(run, {"counter": 39})
+    assert not checkpoints.save_late(run, 19, "agent-00002.pt", {"counter": 19})
+    assert not os.path.exists(checkpoints.folder(run, 19))
+    assert checkpoints.save_late(run, 39, "agent-00002.pt", {"counter": 39})
+    assert checkpoints.load(os.path.join(checkpoints.folder(run, 39), "agent-00002.pt")) == {"counter": 39}

@@ -146,9 +146,10 @@ class AgentServer(DecisionService):
             return
         del self.checkpoints[counter]
         self.log.flush()
-        checkpoints.save(os.path.join(checkpoints.folder(self.run_dir, counter), agent_file(self.world_rank)),
-                         {"counter": counter, "contexts": self.saved_contexts(), "decider": self.decider.state_dict(),
-                          "log_rows": dict(self.log.written)})
+        # the trainers do not wait for this file: a newer checkpoint may have replaced this one
+        checkpoints.save_late(self.run_dir, counter, agent_file(self.world_rank),
+                              {"counter": counter, "contexts": self.saved_contexts(), "decider": self.decider.state_dict(),
+                               "log_rows": dict(self.log.written)})
 
 
 class CollectiveServer(AgentServer):

@@ -55,6 +55,32 @@ def save(path: str, state: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+def committed_counter(run_dir: str) -> int:
+    """The minibatch counter of the latest committed checkpoint, -1 if none."""
+    try:
+        with open(os.path.join(root(run_dir), "latest.json")) as f:
+            return int(json.load(f)["counter"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def save_late(run_dir: str, counter: int, name: str, state: dict) -> bool:
+    """``save`` of a rank's file NAME into checkpoint ``counter`` by a rank the trainers do not wait
+    for (an agent): by the time it writes, they may have committed a newer checkpoint and dropped
+    this one's folder, and then the file is of no use (no resume reads it). Whether it was saved."""
+    where = folder(run_dir, counter)
+    if committed_counter(run_dir) > counter:
+        return False
+    try:
+        save(os.path.join(where, name), state)
+        return True
+    except FileNotFoundError:  # the folder went while writing
+        if committed_counter(run_dir) <= counter:
+            raise
+    shutil.rmtree(where, ignore_errors=True)  # what the save may have made again
+    return False
+
+
 def load(path: str) -> dict:
     import torch
 
