@@ -72,7 +72,8 @@ def run_one(scale: int, parts: int, dim: int, tree: str, workdir: str, ranks: in
             "relabel_s": float(phases[1]), "write_s": float(phases[2]), "peak": peak, "part_features": part_features,
             "bytes_per_edge": (peak - baseline - part_features) / edges, "disk": disk,
             "predicted_peak": predicted["peak_bytes"], "predicted_s": predicted["total_seconds"],
-            "predicted_disk": predicted["disk_bytes"]}
+            "predicted_disk": predicted["disk_bytes"], "predicted_scratch": predicted["scratch_bytes"],
+            "levels": meta.get("partitioner", {}).get("levels")}
 
 
 def main() -> None:
@@ -81,7 +82,7 @@ def main() -> None:
     ap.add_argument("--feat-dim", type=int, default=128)
     ap.add_argument("--tree", default=REPO, help="checkout whose tool runs (default: this one)")
     ap.add_argument("--ranks", type=int, default=1, help="mpiexec -n K (the parallel mode)")
-    ap.add_argument("--method", default="metis", help="metis (default), or random: the pipeline without METIS")
+    ap.add_argument("--method", default="metis", help="metis (default), multilevel, or random: the pipeline without METIS")
     ap.add_argument("--workdir", default=None, help="where partitions are written (default: a temp dir)")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     a = ap.parse_args()

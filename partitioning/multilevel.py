@@ -8,17 +8,21 @@ indices, ``multilevel`` when it does not. Measured against METIS, and against co
 heavy-edge matching instead, in docs/partitioning.md ("Graphs beyond 2^31 edges").
 
 Every step is vectorised numpy over the edges in chunks of CHUNK_EDGES, so its temporaries stay a
-few hundred MB whatever the graph's size; the finest graph is only read, never copied.
+few hundred MB whatever the graph's size; the finest graph is only read, never copied. Each coarse
+graph is written to scratch disk as it is built, a chunk of rows at a time, and read back only
+while it is coarsened further or refined, so at most one coarse level is in memory at once.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from partitioning import metis
 from partitioning.graph import InputError
+from partitioning.ondisk import need_disk, need_memory, scratch_dir
 
 METHODS = ("auto", "metis", "multilevel")
 # Tests and benchmarks lower the limit so small graphs take the multilevel path (docs/partitioning.md).
@@ -32,6 +36,10 @@ REFINE_ROUNDS = 12
 LP_ROUNDS = 8
 CLUSTER_SHARE = 4  # no cluster heavier than 1 / (CLUSTER_SHARE * parts) of any constraint's total
 MAX_LEVELS = 30
+# The least METIS has taken beyond its input on this project's runs (RMAT-18; 46 on RMAT-21 and
+# RMAT-22, docs/partitioning.md): below this much available memory it cannot finish, so the run
+# stops with one line before METIS starts instead of being killed in it
+METIS_LEAST_BYTES_PER_EDGE = 29
 
 
 @dataclass
@@ -77,8 +85,25 @@ class Graph:
         """(row, neighbour, weight) of the edges of rows [lo, hi), rows counted from lo."""
         e_lo, e_hi = int(self.xadj[lo]), int(self.xadj[hi])
         rows = np.repeat(np.arange(hi - lo, dtype=np.int64), np.diff(self.xadj[lo:hi + 1]))
-        w = np.ones(e_hi - e_lo, dtype=np.int64) if self.adjwgt is None else self.adjwgt[e_lo:e_hi]
+        w = np.ones(e_hi - e_lo, dtype=np.int64) if self.adjwgt is None else self.adjwgt[e_lo:e_hi].astype(np.int64)
         return rows, self.adjncy[e_lo:e_hi].astype(np.int64, copy=False), w
+
+
+@dataclass
+class SpilledGraph:
+    """A coarse graph on scratch disk, four raw files beside ``path`` (``contract`` writes them)."""
+    path: str
+    n: int
+    m: int
+    ncon: int
+    index_type: type
+    weight_type: type
+
+    def load(self) -> Graph:
+        def read(suffix: str, dtype) -> np.ndarray:
+            return np.fromfile(f"{self.path}.{suffix}", dtype=dtype)
+        return Graph(read("xadj", np.int64), read("adjncy", self.index_type), read("adjwgt", self.weight_type),
+                     read("vwgt", np.int64).reshape(self.n, self.ncon))
 
 
 # ----------------------------------------------------------------------------- the choice
@@ -95,7 +120,9 @@ def edge_limit() -> int:
 def assign(method: str, xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray, ncon: int, nparts: int,
            seed: int) -> Assignment:
     """Parts of an undirected CSR graph (METIS's arguments: ``vweights`` node-major, ``ncon`` a
-    node) by ``method``: metis, multilevel, or auto (metis if the graph fits its indices)."""
+    node) by ``method``: metis, multilevel, or auto (metis if the graph fits its indices). The
+    multilevel path keeps its coarse graphs in a temporary directory of the scratch directory
+    (``partitioning.ondisk``: beside --out, or --scratch), removed when it returns."""
     if method not in METHODS:
         raise InputError("--method", f"'{method}' is not one of {', '.join(METHODS)}")
     n, m, limit = xadj.shape[0] - 1, int(adjncy.shape[0]), edge_limit()
@@ -105,17 +132,21 @@ def assign(method: str, xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarr
     else:
         reason = f"--method {method}"
     if method == "metis":
+        need_memory(METIS_LEAST_BYTES_PER_EDGE * m, "--method " + ("auto" if reason.startswith("auto") else "metis"),
+                    f"METIS on {m} directed edges (--method multilevel needs about half)")
         cut, parts = metis.part_graph_kway(xadj, adjncy, vweights, ncon, nparts, seed)
         return Assignment(parts, "metis", reason, cut, [[n, m]])
     graph = Graph(np.asarray(xadj, dtype=np.int64), adjncy, None, np.asarray(vweights, dtype=np.int64).reshape(n, ncon))
-    cut, parts, levels = multilevel_kway(graph, nparts, seed, limit)
+    with tempfile.TemporaryDirectory(prefix=".rudder-levels-", dir=scratch_dir()) as levels_dir:
+        cut, parts, levels = multilevel_kway(graph, nparts, seed, limit, levels_dir)
     return Assignment(parts, "multilevel", reason, cut, levels)
 
 
 # ----------------------------------------------------------------------------- the multilevel path
-def multilevel_kway(graph: Graph, nparts: int, seed: int, limit: int) -> tuple[int, np.ndarray, list]:
+def multilevel_kway(graph: Graph, nparts: int, seed: int, limit: int, levels_dir: str) -> tuple[int, np.ndarray, list]:
     """Coarsen until at most ``limit`` directed edges remain (and at most a quarter of the graph's),
-    METIS there, then project and refine back up; returns (edge cut, parts, [nodes, edges] of each level, finest first)."""
+    METIS there, then project and refine back up; returns (edge cut, parts, [nodes, edges] of each level, finest first).
+    The coarse graphs live in ``levels_dir`` between their uses."""
     rng = np.random.default_rng(seed)
     totals = graph.vwgt.sum(axis=0)
     cap = np.maximum(totals // (CLUSTER_SHARE * nparts), graph.vwgt.max(axis=0))
@@ -124,25 +155,28 @@ def multilevel_kway(graph: Graph, nparts: int, seed: int, limit: int) -> tuple[i
     # whole of RMAT-20, docs/partitioning.md), and below the build's own limit at most half of it:
     # the other half holds the summed edge weights.
     target = min(limit, metis.index_limit() // 2, max(graph.m // COARSEN_TO, 1))
-    hierarchy, cmaps = [graph], []
-    while hierarchy[-1].m > target:
-        if len(hierarchy) > MAX_LEVELS:
+    levels, cmaps, current = [graph], [], graph
+    while current.m > target:
+        if len(levels) > MAX_LEVELS:
             raise InputError("--method multilevel", f"could not coarsen below {target} directed edges in {MAX_LEVELS} levels")
-        cmap, nc = cluster(hierarchy[-1], cap, target, rng)
-        coarse = contract(hierarchy[-1], cmap, nc)
-        if coarse.m > 0.99 * hierarchy[-1].m:
+        cmap, nc = cluster(current, cap, target, rng)
+        coarse = contract(current, cmap, nc, os.path.join(levels_dir, f"level{len(levels)}"))
+        if coarse.m > 0.99 * current.m:
             raise InputError("--method multilevel", f"coarsening stalled at {coarse.m} directed edges, above {target}")
-        hierarchy.append(coarse)
+        levels.append(coarse)
         cmaps.append(cmap)
-    top = hierarchy[-1]
-    _, parts = metis_weighted(top, nparts, seed)
-    maxw = np.maximum(np.ceil((1 + IMBALANCE) * totals / nparts), label_weights(top, parts, nparts).max(axis=0))
+        current = None  # the finer coarse graph goes before the next is read
+        current = coarse.load()
+    _, parts = metis_weighted(current, nparts, seed)
+    maxw = np.maximum(np.ceil((1 + IMBALANCE) * totals / nparts), label_weights(current, parts, nparts).max(axis=0))
+    cut = edge_cut(current, parts) if not cmaps else None
+    current = None
     for level in range(len(cmaps) - 1, -1, -1):
         parts = parts[cmaps[level]]
-        parts, cut = refine(hierarchy[level], parts, nparts, maxw.astype(np.int64), rng)
-    if not cmaps:
-        cut = edge_cut(top, parts)
-    return cut, parts, [[g.n, g.m] for g in hierarchy]
+        finer = levels[level] if level == 0 else levels[level].load()
+        parts, cut = refine(finer, parts, nparts, maxw.astype(np.int64), rng)
+        finer = None  # freed before the next, larger level is read
+    return cut, parts, [[g.n, g.m] for g in levels]
 
 
 def metis_weighted(graph: Graph, nparts: int, seed: int) -> tuple[int, np.ndarray]:
@@ -196,44 +230,53 @@ def cluster(graph: Graph, cap: np.ndarray, target: int, rng) -> tuple[np.ndarray
     return cmap.astype(np.int64), int(ids.size)
 
 
-def contract(graph: Graph, cmap: np.ndarray, nc: int) -> Graph:
-    """The coarse graph: vertex weights and parallel edges' weights summed, internal edges dropped.
-    Coarse rows are built a chunk at a time from the fine vertices they hold."""
+def contract(graph: Graph, cmap: np.ndarray, nc: int, path: str) -> SpilledGraph:
+    """The coarse graph, written to files beside ``path``: vertex weights and parallel edges'
+    weights summed, internal edges dropped. Coarse rows are built and written a chunk at a time
+    from the fine vertices they hold, so the coarse graph is never whole in memory."""
     order = np.argsort(cmap, kind="stable")  # fine vertices grouped by coarse vertex
     first = np.concatenate([[0], np.cumsum(np.bincount(cmap, minlength=nc))])  # into order, per coarse vertex
     degree = np.diff(graph.xadj)
     edges_before = np.concatenate([[0], np.cumsum(degree[order])])  # fine edges before each position in order
-    idx = np.int32 if nc < np.iinfo(np.int32).max else np.int64
-    xadj, adjncy, adjwgt = [np.zeros(1, dtype=np.int64)], [], []
-    a = 0
-    while a < nc:
-        pos = np.searchsorted(edges_before, edges_before[first[a]] + CHUNK_EDGES, side="right") - 1
-        b = min(max(int(np.searchsorted(first, pos, side="right")) - 1, a + 1), nc)
-        vs = order[first[a]:first[b]]
-        lens = degree[vs]
-        starts = graph.xadj[vs]
-        offs = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()), dtype=np.int64)
-        row = np.repeat(cmap[vs] - a, lens)
-        col = cmap[graph.adjncy[offs]]
-        w = np.ones(offs.size, dtype=np.int64) if graph.adjwgt is None else graph.adjwgt[offs]
-        keep = col != row + a
-        key = row[keep] * nc + col[keep]
-        w = w[keep]
-        sort = np.argsort(key)
-        key, w = key[sort], w[sort]
-        if key.size:
-            new = np.concatenate([[True], key[1:] != key[:-1]])
-            heads = np.flatnonzero(new)
-            w = np.add.reduceat(w, heads)
-            key = key[heads]
-        counts = np.bincount(key // nc, minlength=b - a)
-        xadj.append(xadj[-1][-1] + np.cumsum(counts))
-        adjncy.append((key % nc).astype(idx))
-        adjwgt.append(w)
-        a = b
+    index_type = np.int32 if nc < np.iinfo(np.int32).max else np.int64
+    # Summed weights never exceed the graph's total, which int32 holds below 2^31 edges
+    total = graph.m if graph.adjwgt is None else int(graph.adjwgt.sum(dtype=np.int64))
+    weight_type = np.int32 if total <= np.iinfo(np.int32).max else np.int64
+    bound = (graph.m * (np.dtype(index_type).itemsize + np.dtype(weight_type).itemsize)
+             + nc * (8 + 8 * graph.vwgt.shape[1]))  # as many edges as the finer graph at most
+    need_disk(os.path.dirname(path), bound, "a coarse graph of the multilevel path")
+    m, a = 0, 0
+    with open(f"{path}.xadj", "wb") as xadj, open(f"{path}.adjncy", "wb") as adjncy, open(f"{path}.adjwgt", "wb") as adjwgt:
+        np.zeros(1, dtype=np.int64).tofile(xadj)
+        while a < nc:
+            pos = np.searchsorted(edges_before, edges_before[first[a]] + CHUNK_EDGES, side="right") - 1
+            b = min(max(int(np.searchsorted(first, pos, side="right")) - 1, a + 1), nc)
+            vs = order[first[a]:first[b]]
+            lens = degree[vs]
+            starts = graph.xadj[vs]
+            offs = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()), dtype=np.int64)
+            row = np.repeat(cmap[vs] - a, lens)
+            col = cmap[graph.adjncy[offs]]
+            w = np.ones(offs.size, dtype=np.int64) if graph.adjwgt is None else graph.adjwgt[offs].astype(np.int64)
+            keep = col != row + a
+            key = row[keep] * nc + col[keep]
+            w = w[keep]
+            sort = np.argsort(key)
+            key, w = key[sort], w[sort]
+            if key.size:
+                new = np.concatenate([[True], key[1:] != key[:-1]])
+                heads = np.flatnonzero(new)
+                w = np.add.reduceat(w, heads)
+                key = key[heads]
+            (m + np.cumsum(np.bincount(key // nc, minlength=b - a))).tofile(xadj)
+            (key % nc).astype(index_type).tofile(adjncy)
+            w.astype(weight_type).tofile(adjwgt)
+            m += key.size
+            a = b
     vwgt = np.stack([np.bincount(cmap, weights=graph.vwgt[:, c], minlength=nc) for c in range(graph.vwgt.shape[1])],
                     axis=1).round().astype(np.int64)
-    return Graph(np.concatenate(xadj), np.concatenate(adjncy), np.concatenate(adjwgt), vwgt)
+    vwgt.tofile(f"{path}.vwgt")
+    return SpilledGraph(path, nc, m, vwgt.shape[1], index_type, weight_type)
 
 
 # ----------------------------------------------------------------------------- refinement

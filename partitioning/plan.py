@@ -26,11 +26,19 @@ from partitioning.spec import Options, parse_options, positional
 # and METIS loaded.
 METIS_BYTES_PER_EDGE = 46.0
 METIS_BYTES_PER_NODE = 150.0
-# The multilevel path (partitioning/multilevel.py: METIS on at most a quarter of the edges, passes
-# over 1M-edge chunks): fitted on RMAT-20 and RMAT-22's whole runs into 8 parts (27.0 and 27.3
-# bytes an edge beside the CSR; 1.8e-6 and 2.0e-6 CPU s an edge); into 64 parts RMAT-23 needed
-# 1.25x this (smaller clusters coarsen slower: more levels held; docs/partitioning.md)
-MULTILEVEL_BYTES_PER_EDGE = 27.2
+# The multilevel path (partitioning/multilevel.py): METIS on at most a quarter of the edges, each
+# coarse graph on scratch disk between its uses, so besides the input CSR it holds the larger of
+# METIS on the coarsest graph (METIS's own arrays and that graph's, per edge METIS sees: 48 and 47
+# fitted on RMAT-20 and RMAT-22 into 8 parts) and one coarse level in memory (the first, the
+# largest: 0.78-0.83 of the edges on RMAT-22 and RMAT-23), and one 1M-edge chunk's temporaries.
+# Coarse levels take 8 bytes an edge (12 beyond 2^31 edges: summed weights in int64) and 32 a node
+# on disk; over all levels 1.1x the edges on RMAT-18 into 8 parts, 3.2x on RMAT-23 into 64 (a
+# cluster holds at most 1/(4k) of a constraint: more parts, more levels); the larger is budgeted.
+MULTILEVEL_TOP_SHARE = 0.25
+MULTILEVEL_TOP_BYTES_PER_EDGE = 50.0
+MULTILEVEL_FIRST_LEVEL_SHARE = 0.85
+MULTILEVEL_LEVELS_EDGES, MULTILEVEL_LEVELS_NODES = 3.3, 3.3
+MULTILEVEL_CHUNK_BYTES = 100 << 20
 MULTILEVEL_SECONDS_PER_EDGE = 1.9e-6
 METIS_EDGE_LIMIT = 2**31 - 1
 BASELINE_BYTES = 84 << 20
@@ -109,6 +117,11 @@ def assign_method(method: str, edges: float) -> str:
     return ("metis" if edges <= METIS_EDGE_LIMIT else "multilevel") if method == "auto" else method
 
 
+def level_edge_bytes(e: float) -> int:
+    """Bytes a coarse edge takes: an int32 neighbour, and its summed weight in int32 below 2^31 edges."""
+    return 8 if e <= METIS_EDGE_LIMIT else 12
+
+
 def phase_bytes(g: GraphSize, parts: int, method: str = "auto") -> dict[str, float]:
     """Bytes each phase holds beyond the interpreter (the model; see the module docstring)."""
     n, m, d = g.nodes, g.directed_edges, g.feat_dim
@@ -122,7 +135,12 @@ def phase_bytes(g: GraphSize, parts: int, method: str = "auto") -> dict[str, flo
     # METIS: the CSR as its adjncy, int32 xadj and three weights a node, and its own arrays
     assign = node_data + i * e + 8 * n + (4 + 12) * n + METIS_BYTES_PER_EDGE * e + METIS_BYTES_PER_NODE * n
     if assign_method(method, e) == "multilevel":
-        assign = node_data + i * e + 8 * n + MULTILEVEL_BYTES_PER_EDGE * e
+        # the CSR, its xadj (as METIS takes it, and in int64), the balance weights (as METIS takes
+        # them, and in int64) and every level's cluster map
+        held = node_data + i * e + (4 + 8) * n + (12 + 24) * n + 8 * (1 + MULTILEVEL_LEVELS_NODES) * n
+        top = MULTILEVEL_TOP_BYTES_PER_EDGE * MULTILEVEL_TOP_SHARE * e
+        first_level = level_edge_bytes(e) * MULTILEVEL_FIRST_LEVEL_SHARE * e + 32 * n
+        assign = held + max(top, first_level) + MULTILEVEL_CHUNK_BYTES
     elif method == "random":  # a permutation and the parts: arrays per node only
         assign = node_data + i * e + 8 * n + 24 * n
     e_part, n_part = e / parts, n / parts
@@ -145,6 +163,9 @@ def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict
     scratch = 4 * d * n if g.generated else 0
     if g.archive:  # a compressed data.npz: edges and features decompressed to scratch (none if stored)
         scratch = 8 * m + 4 * d * n
+    levels = 0.0
+    if assign_method(method, e) == "multilevel":  # the coarse levels, in the scratch directory
+        levels = level_edge_bytes(e) * MULTILEVEL_LEVELS_EDGES * e + 32 * MULTILEVEL_LEVELS_NODES * n
     seconds = {"generate": SECONDS["generate_per_edge"] * m / 2 if g.generated else 0.0,
                "csr": SECONDS["csr_per_edge"] * m,
                "assign": {"metis": SECONDS["metis_per_edge"], "multilevel": MULTILEVEL_SECONDS_PER_EDGE,
@@ -154,7 +175,8 @@ def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict
             "peak_bytes": peak,
             "other_rank_bytes": BASELINE_BYTES + phases["other_rank"],
             "bytes_per_edge": (peak - BASELINE_BYTES - phases["part_features"]) / e, "disk_bytes": disk,
-            "scratch_bytes": scratch, "seconds": seconds, "total_seconds": sum(seconds.values())}
+            "scratch_bytes": scratch + levels, "levels_scratch_bytes": levels, "seconds": seconds,
+            "total_seconds": sum(seconds.values())}
 
 
 def plan_for(spec_or_name: str, parts: int, ranks: int = 1, like: bool = False, method: str = "auto") -> dict:
@@ -165,7 +187,7 @@ def plan_for(spec_or_name: str, parts: int, ranks: int = 1, like: bool = False, 
 
 def format_plan(p: dict) -> str:
     g, gib = p["graph"], 2**30
-    method = {"metis": "METIS", "random": "random", "multilevel": "the multilevel path, at its RMAT-20 and RMAT-22 rates"}[
+    method = {"metis": "METIS", "random": "random", "multilevel": "the multilevel path"}[
         assign_method(p["method"], p["phases"]["edges"])]
     lines = [f"plan for {g.name}: {g.nodes} nodes, {g.directed_edges} directed edges in ({p['phases']['edges']:.0f} kept), "
              f"{g.feat_dim} features, {p['parts']} parts, {p['ranks']} rank(s)",
@@ -177,7 +199,8 @@ def format_plan(p: dict) -> str:
               for name in ("generate", "csr", "assign", "write")]
     lines.append(f"  (assign: {method}; write: shared by {p['ranks']} rank(s))")
     lines.append(f"predicted disk {p['disk_bytes'] / gib:.2f} GiB of partitions (float32 features; compact types "
-                 f"less), scratch {p['scratch_bytes'] / gib:.2f} GiB"
-                 + (" if data.npz is compressed (0 if stored)" if g.archive else ""))
+                 f"less), scratch {(p['scratch_bytes'] - p['levels_scratch_bytes']) / gib:.2f} GiB"
+                 + (" if data.npz is compressed (0 if stored)" if g.archive else "")
+                 + (f" + {p['levels_scratch_bytes'] / gib:.2f} GiB of coarse levels" if p["levels_scratch_bytes"] else ""))
     lines.append(f"predicted time {p['total_seconds']:.0f} s at this host's rates (2 cores; docs/partitioning.md)")
     return "\n".join(lines)

@@ -37,17 +37,35 @@ def train(parts, run, ranks, *flags, epochs=4):
     return logs_by_rank(run)
 
 
+COMMON = ["--epochs", "4", "--batch-size", "8", "--eval-every", "0", "--progress", "none", "--delta", "1"]
+
+
 @pytest.fixture(scope="module")
-def heuristic(parts, tmp_path_factory):
-    """The heuristic run of 4 trainers and an agent rank per node, which two tests read: (its
-    directory, its logs by rank)."""
-    run = str(tmp_path_factory.mktemp("heuristic") / "run")
-    return run, train(parts, run, 6, "--policy", "heuristic")
+def launched(parts, tmp_path_factory):
+    """One launch of 4 trainers and an agent rank per node on 2 emulated nodes, four jobs: the
+    heuristic (which two tests read), the same training without a buffer on the trainer slots,
+    and the heuristic at a fixed latency over each transport. {name: run directory}."""
+    base = tmp_path_factory.mktemp("launched")
+    runs = {name: base / name for name in ("heuristic", "none", "p2p", "collective")}
+    jobs = [[*COMMON, "--data", parts, "--run-dir", runs["heuristic"], "--policy", "heuristic"],
+            {"argv": [*COMMON, "--data", parts, "--run-dir", runs["none"], "--policy", "none"], "trainers_only": True}]
+    # windows of one minibatch: a trainer is due at the same minibatches over both transports
+    jobs += [[*COMMON, "--data", parts, "--run-dir", runs[t], "--policy", "heuristic", "--agent-transport", t,
+              "--agent-latency", "3"] for t in ("p2p", "collective")]
+    proc = run_trains(6, jobs, base, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return runs
 
 
-def test_agents_serve_their_own_node_and_decisions_apply_where_logged(parts, heuristic, tmp_path):
+@pytest.fixture(scope="module")
+def heuristic(launched):
+    """The heuristic run: (its directory, its logs by rank)."""
+    return str(launched["heuristic"]), logs_by_rank(launched["heuristic"])
+
+
+def test_agents_serve_their_own_node_and_decisions_apply_where_logged(launched, heuristic):
     logs = heuristic[1]
-    base = train(parts, str(tmp_path / "none"), 4, "--policy", "none")
+    base = logs_by_rank(launched["none"])
     agents = {r: e for r, e in logs.items() if e["role"] == "agent"}
     trainers = {r: e for r, e in logs.items() if e["role"] == "trainer"}
     assert sorted(agents) == [4, 5] and sorted(trainers) == [0, 1, 2, 3]  # round-robin nodes: agents 4 and 5
@@ -125,14 +143,9 @@ def test_the_collective_transport_answers_a_node_at_agreed_windows_without_block
         assert (o["age"] == gaps).all()  # each outcome logged with its age
 
 
-def test_p2p_and_collective_make_the_same_decisions_under_a_fixed_latency(parts, tmp_path):
-    # windows of one minibatch: a trainer is due at the same minibatches over both transports
-    proc = run_trains(6, [["--data", parts, "--run-dir", tmp_path / t, "--epochs", "4", "--batch-size", "8", "--eval-every",
-                           "0", "--progress", "none", "--delta", "1", "--policy", "heuristic", "--agent-transport", t,
-                           "--agent-latency", "3"] for t in ("p2p", "collective")], tmp_path,
-                      env={"MPIR_CVAR_NUM_CLIQUES": "2"})  # both in one launch
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = {t: logs_by_rank(tmp_path / t) for t in ("p2p", "collective")}
+def test_p2p_and_collective_make_the_same_decisions_under_a_fixed_latency(launched):
+    runs = {t: logs_by_rank(launched[t]) for t in ("p2p", "collective")}
+
     def by_request(table, columns):  # the agents log in the order they decide: p2p one at a time, collective by pass
         return table[np.lexsort((table["request"], table["trainer"]))][list(columns)]
 

@@ -381,9 +381,10 @@ def test_structured_llm_reason_is_optional_and_capped(tiny_model):
 
 
 def test_default_model_structured_answers_parse():
-    """The default model (SmolLM2-135M-Instruct) at its default temperature: 8 structured
+    """The default model (SmolLM2-135M-Instruct) at its default temperature: 4 structured
     decisions on random contexts, each its own answer, parsed and valid (no fallback), with and
-    without the window. The time limit is lifted: a loaded machine must not make this fail."""
+    without the window (the tiny model's 20 a buffer kind above walk the grammar's paths). The
+    time limit is lifted: a loaded machine must not make this fail."""
     from rudder.agent.deciders.llm_backends import default_model
 
     model = default_model()
@@ -392,7 +393,7 @@ def test_default_model_structured_answers_parse():
     for buffer, window in (("scored", 0), ("window", 4)):
         llm = structured_llm(model, buffer, llm_timeout=3600.0)
         try:
-            assert_structured_answers_parse(llm, 4, window, seed=window)
+            assert_structured_answers_parse(llm, 2, window, seed=window)
         finally:
             llm.close()
 

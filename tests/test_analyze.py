@@ -13,7 +13,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, as_older_log, run_train
+from conftest import BUNDLED_CORA, REPO, as_older_log, run_trains
 
 
 @pytest.fixture(scope="module")
@@ -24,20 +24,18 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("analyze")
     parts = str(base / "parts")
     partition_graph(load_spec(f"planetoid:{BUNDLED_CORA}:cora"), 4, parts, method="metis", seed=0)
-    out = {}
-    for policy, ranks in (("none", 4), ("fixed", 4), ("heuristic", 6)):  # heuristic: + an agent rank per node
-        run = str(base / policy)
-        # the heuristic answers the structured action: it predicts the wait too (Pass@1 of all three)
-        action = ("--agent-action", "structured") if policy == "heuristic" else ()
-        proc = run_train(ranks, "--data", parts, "--run-dir", run, "--policy", policy, "--delta", "2", "--epochs", "4",
-                         "--eval-every", "2", "--trace", "--progress", "none", *action, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        out[policy] = run
-    # a pipeline 3 deep: 4 minibatches of run-ahead over 3 an epoch reach 2 epochs at each end
-    out["deep"] = str(base / "deep")
-    proc = run_train(4, "--data", parts, "--run-dir", out["deep"], "--prefetch-depth", "3", "--epochs", "6",
-                     "--eval-every", "0", "--progress", "none")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = {name: str(base / name) for name in ("none", "fixed", "heuristic", "deep")}
+    # One launch of 6 ranks on 2 emulated nodes: the heuristic's agent a node; the other jobs on the
+    # 4 trainer slots. The heuristic answers the structured action: it predicts the wait too (Pass@1
+    # of all three). A pipeline 3 deep: 4 minibatches of run-ahead over 3 an epoch reach 2 epochs at each end
+    common = ["--data", parts, "--progress", "none"]
+    jobs = [{"argv": [*common, "--run-dir", out[policy], "--policy", policy, "--delta", "2", "--epochs", "4",
+                      "--eval-every", "2", "--trace", *action], "trainers_only": policy != "heuristic"}
+            for policy, action in (("none", ()), ("fixed", ()), ("heuristic", ("--agent-action", "structured")))]
+    jobs.append({"argv": [*common, "--run-dir", out["deep"], "--prefetch-depth", "3", "--epochs", "6", "--eval-every", "0"],
+                 "trainers_only": True})
+    proc = run_trains(6, jobs, base, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return out
 
 

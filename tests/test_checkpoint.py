@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import BUNDLED_CORA, as_older_log, rank_pids, read_logs, run_train, train_command
+from conftest import BUNDLED_CORA, as_older_log, rank_pids, read_logs, run_train, run_trains, train_command
 
 COLUMNS = ("epoch", "step", "seeds", "input_nodes", "hits", "misses", "refills", "replaced", "refetched", "loss",
            "global_loss")
@@ -64,14 +64,18 @@ def assert_same_run(a_run, b_run):
             np.testing.assert_array_equal(a["epochs"][column], b["epochs"][column], err_msg=column)
 
 
+SHIFT = "12:fanouts=3,3;seeds=0.5"  # counter 108 on: far past the first checkpoint the run is killed after
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(parts, tmp_path_factory):
-    runs = {}
-    for policy in ("fixed", "lookahead"):
-        run = str(tmp_path_factory.mktemp("base") / policy)
-        proc = run_train(2, *flags(parts, policy), "--run-dir", run)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[policy] = run
+    """The runs the resumed ones must equal, in one launch: fixed, lookahead, and lookahead with a shift."""
+    base = tmp_path_factory.mktemp("base")
+    runs = {name: str(base / name) for name in ("fixed", "lookahead", "shift")}
+    jobs = [[*flags(parts, "fixed"), "--run-dir", runs["fixed"]], [*flags(parts, "lookahead"), "--run-dir", runs["lookahead"]],
+            [*flags(parts, "lookahead"), "--shift", SHIFT, "--run-dir", runs["shift"]]]
+    proc = run_trains(2, jobs, base)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return runs
 
 
@@ -163,15 +167,10 @@ def as_format_4(parts: str, run: str, counter: int) -> None:
     torch.save(state, file)
 
 
-SHIFT = "12:fanouts=3,3;seeds=0.5"  # counter 108 on: far past the first checkpoint the run is killed after
-
-
-def test_a_killed_run_resumes_across_a_shift(parts, tmp_path):
+def test_a_killed_run_resumes_across_a_shift(parts, uninterrupted, tmp_path):
     """Killed in the first phase, resumed: the run shifts at the same epoch (its phases rebuilt from
     the checkpointed config), with the shifted steps per epoch and counters, bit for bit."""
-    base = str(tmp_path / "base")
-    proc = run_train(2, *flags(parts, "lookahead"), "--shift", SHIFT, "--run-dir", base)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    base = uninterrupted["shift"]
     run = str(tmp_path / "run")
     kill_after_checkpoint(start(2, flags(parts, "lookahead", LONG) + ["--shift", SHIFT, "--run-dir", run,
                                                                       "--checkpoint-every", "7"]), run, 6)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 
 import numpy as np
 import pytest
@@ -89,3 +90,60 @@ def test_bad_limit_names_the_variable(monkeypatch):
     monkeypatch.setenv(multilevel.EDGE_LIMIT_ENV, "lots")
     with pytest.raises(InputError, match=f"^{multilevel.EDGE_LIMIT_ENV}: 'lots' is not a positive integer$"):
         multilevel.edge_limit()
+
+
+def test_a_coarse_graph_is_the_summed_quotient_and_lives_on_disk_only_while_used(tmp_path):
+    """``contract`` writes the coarse graph a chunk of rows at a time (chunks cut to a few edges
+    here): read back, it is the quotient graph C^T A C with its diagonal dropped, weights summed,
+    vertex weights summed; ``assign`` keeps its levels in a directory of its own under ``scratch``
+    and removes it afterwards."""
+    import scipy.sparse as sp
+
+    graph = load_spec("synthetic:rmat:scale=9,edge_factor=8,feat_dim=4,classes=4,seed=1")
+    xadj, adjncy, vweights = csr_and_weights(graph)
+    n = xadj.size - 1
+    fine = multilevel.Graph(xadj, adjncy, None, vweights.reshape(n, 3))
+    cmap = np.random.default_rng(0).integers(0, 60, n)
+    cmap = np.unique(cmap, return_inverse=True)[1]
+    nc = int(cmap.max()) + 1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(multilevel, "CHUNK_EDGES", 97)
+        spilled = multilevel.contract(fine, cmap, nc, str(tmp_path / "level1"))
+    coarse = spilled.load()
+    a = sp.csr_matrix((np.ones(adjncy.size), adjncy, xadj), shape=(n, n))
+    c = sp.csr_matrix((np.ones(n), (np.arange(n), cmap)), shape=(n, nc))
+    q = (c.T @ a @ c).tolil()
+    q.setdiag(0)
+    q = q.tocsr()
+    q.eliminate_zeros()
+    q.sort_indices()
+    assert (spilled.n, spilled.m) == (nc, q.nnz) and coarse.adjwgt.dtype == np.int32
+    assert np.array_equal(coarse.xadj, q.indptr) and np.array_equal(coarse.adjncy, q.indices)
+    assert np.array_equal(coarse.adjwgt, q.data.astype(np.int64))
+    assert np.array_equal(coarse.vwgt, (c.T @ fine.vwgt).astype(np.int64))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    written = []
+
+    def contract_noting_where(graph, cmap, nc, path):
+        written.append(os.path.dirname(os.path.dirname(path)))
+        return contract(graph, cmap, nc, path)
+
+    contract = multilevel.contract
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(multilevel, "scratch_dir", lambda: str(scratch))
+        mp.setattr(multilevel, "contract", contract_noting_where)
+        result = multilevel.assign("multilevel", xadj, adjncy, vweights, 3, 4, 0)
+    assert len(result.levels) >= 2 and set(written) == {str(scratch)} and list(scratch.iterdir()) == []
+
+
+def test_metis_that_cannot_fit_in_memory_stops_before_it_starts(monkeypatch):
+    """Where even METIS's least memory an edge seen here exceeds what the host has available, the
+    run stops with one line naming --method, before METIS starts, instead of being killed in it."""
+    graph = load_spec("synthetic:rmat:scale=9,edge_factor=8,feat_dim=4,classes=4,seed=1")
+    xadj, adjncy, vweights = csr_and_weights(graph)
+    monkeypatch.setattr(multilevel, "METIS_LEAST_BYTES_PER_EDGE", 1 << 50)
+    with pytest.raises(InputError, match=r"^--method auto: needs [0-9.]+ GiB of memory for METIS on "
+                                         rf"{adjncy.size} directed edges \(--method multilevel needs about half\), "):
+        multilevel.assign("auto", xadj, adjncy, vweights, 3, 4, 0)
+    assert multilevel.assign("multilevel", xadj, adjncy, vweights, 3, 4, 0).method == "multilevel"

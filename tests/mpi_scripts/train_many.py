@@ -13,6 +13,7 @@ node (where an agent would run) sits that job out, and the job runs on the other
 import json
 import os
 import sys
+import time
 
 import mpi4py
 
@@ -39,4 +40,8 @@ for k, job in enumerate(jobs):
         status = main([str(a) for a in argv], world=trainer_slots if trainers_only else world)
     if status:  # the same on every rank: start-up agrees on its errors, and a failure aborts the job
         sys.exit(status)
-    MPI.COMM_WORLD.Barrier()
+    # A rank that sat the job out (or finished first) waits here for the others: a blocking Barrier
+    # would spin on a core the job's ranks need (these launches oversubscribe the host's cores)
+    done = world.Ibarrier()
+    while not done.Test():
+        time.sleep(0.005)
