@@ -27,9 +27,26 @@ def evaluate(*args, timeout=1500):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny_grid(tmp_path_factory) -> str:
+    """bench/grids/tiny.toml with its llm runs on a tiny random-weight GGUF (rudder.agent.tiny_gguf,
+    under grammar like any model): these runs check the harness, and take a quarter of the CPU the
+    default model's do. The default model's answers are tests/test_agent_action.py's and
+    tests/test_llm.py's, its runs tests/test_llm.py's and tests/test_slurm.py's."""
+    from rudder.agent.tiny_gguf import write_tiny_gguf
+
+    where = tmp_path_factory.mktemp("tiny-grid")
+    model = write_tiny_gguf(str(where / "tiny.gguf"))
+    text = open(GRID).read()
+    assert text.count('llm = ["--llm-threads"') == 1
+    path = where / "tiny.toml"
+    path.write_text(text.replace('llm = ["--llm-threads"', f'llm = ["--llm-model", "{model}", "--llm-threads"'))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_grid, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval") / "tiny"
-    proc = evaluate("--grid", GRID, "--seed", "0", "--out", out, "--publish", out / "published.md")
+    proc = evaluate("--grid", tiny_grid, "--seed", "0", "--out", out, "--publish", out / "published.md")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text()), proc.stdout
 
@@ -121,15 +138,15 @@ def test_agents_classifiers_and_the_peer_are_reported(tiny):
     assert os.path.isfile(out / "plots" / "cora-p2-b8-f10_25.png")
 
 
-def test_the_report_rebuilds_from_the_logs(tiny):
+def test_the_report_rebuilds_from_the_logs(tiny, tiny_grid):
     out, results, _ = tiny
     before = (out / "results.md").read_text()
-    proc = evaluate("--grid", GRID, "--out", out, "--report-only")
+    proc = evaluate("--grid", tiny_grid, "--out", out, "--report-only")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "results.md").read_text() == before
 
 
-def test_a_rerun_reuses_every_finished_run_and_reruns_one_made_by_other_code(tiny):
+def test_a_rerun_reuses_every_finished_run_and_reruns_one_made_by_other_code(tiny, tiny_grid):
     """One rerun of the harness over the tiny grid's output, one of whose runs is stamped as made by
     other code (as if the library changed since): that run alone runs again, every other finished
     run and partition is reused, and the figures are the same."""
@@ -138,7 +155,7 @@ def test_a_rerun_reuses_every_finished_run_and_reruns_one_made_by_other_code(tin
     record = json.loads(stamps[0].read_text())
     assert record["code"] != "stale"
     stamps[0].write_text(json.dumps({**record, "code": "stale"}))
-    proc = evaluate("--grid", GRID, "--seed", "0", "--out", out, "--no-validate")
+    proc = evaluate("--grid", tiny_grid, "--seed", "0", "--out", out, "--no-validate")
     assert proc.returncode == 0, proc.stderr[-2000:]
     ran = [line for line in proc.stdout.splitlines() if "ran runs/" in line]
     assert len(ran) == 1 and f"ran runs/{stamps[0].parent.parent.name}/none (" in ran[0], proc.stdout

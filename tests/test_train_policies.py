@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, assert_trained_alike, read_logs, run_train, run_trains, shared_dataset
+from conftest import BUNDLED_CORA, assert_trained_alike, read_logs, run_trains, shared_dataset
 
 RUNS = [("none", ["--no-overlap", "--mpi-wait", "yield"]), ("none", []), ("static", []), ("fixed", ["--delta", "2"]),
         ("fixed", ["--delta", "1", "--compat", "massivegnn", "--buffer-init", "empty"]),
@@ -210,11 +210,10 @@ def test_node_shared_buffer(tmp_path):
     common = ["--data", parts, "--partition-mode", "node", "--epochs", "5", "--batch-size", "4", "--eval-every", "0",
               "--progress", "none"]
     env = {"MPIR_CVAR_NUM_CLIQUES": "2"}
-    # the runs of 4 trainers in one launch; the steered one adds an agent rank per node: world ranks 4 and 5
-    proc = run_trains(4, [[*common, "--run-dir", tmp_path / name, *flags] for name, flags in runs.items() if name != "quota"],
-                      tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_train(6, *common, "--run-dir", tmp_path / "quota", *runs["quota"], env=env)
+    # one launch: the steered run adds an agent rank per node (world ranks 4 and 5), the others run
+    # on the 4 trainer slots
+    proc = run_trains(6, [{"argv": [*common, "--run-dir", tmp_path / name, *flags], "trainers_only": name != "quota"}
+                          for name, flags in runs.items()], tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in runs:
         logs[name] = [log for log in read_logs(tmp_path / name) if log["role"] == "trainer"]
