@@ -45,6 +45,9 @@ SlurmctldLogFile={dir}/slurmctld.log
 SlurmdLogFile={dir}/slurmd-%n.log
 ReturnToService=2
 SchedulerType=sched/builtin
+# a job submitted while the last one's nodes are still completing starts at the next pass over
+# pending jobs: every 60 s by default, which made a 25 s test take 90
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
