@@ -126,13 +126,14 @@ def assign(method: str, xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarr
     if method not in METHODS:
         raise InputError("--method", f"'{method}' is not one of {', '.join(METHODS)}")
     n, m, limit = xadj.shape[0] - 1, int(adjncy.shape[0]), edge_limit()
+    requested = method
     if method == "auto":
         method = "metis" if m <= limit else "multilevel"
         reason = f"auto: {m} directed edges {'<=' if m <= limit else '>'} METIS's limit {limit}"
     else:
         reason = f"--method {method}"
     if method == "metis":
-        need_memory(METIS_LEAST_BYTES_PER_EDGE * m, "--method " + ("auto" if reason.startswith("auto") else "metis"),
+        need_memory(METIS_LEAST_BYTES_PER_EDGE * m, f"--method {requested}",
                     f"METIS on {m} directed edges (--method multilevel needs about half)")
         cut, parts = metis.part_graph_kway(xadj, adjncy, vweights, ncon, nparts, seed)
         return Assignment(parts, "metis", reason, cut, [[n, m]])

@@ -163,13 +163,14 @@ def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict
     scratch = 4 * d * n if g.generated else 0
     if g.archive:  # a compressed data.npz: edges and features decompressed to scratch (none if stored)
         scratch = 8 * m + 4 * d * n
+    ran = assign_method(method, e)
     levels = 0.0
-    if assign_method(method, e) == "multilevel":  # the coarse levels, in the scratch directory
+    if ran == "multilevel":  # the coarse levels, in the scratch directory
         levels = level_edge_bytes(e) * MULTILEVEL_LEVELS_EDGES * e + 32 * MULTILEVEL_LEVELS_NODES * n
     seconds = {"generate": SECONDS["generate_per_edge"] * m / 2 if g.generated else 0.0,
                "csr": SECONDS["csr_per_edge"] * m,
                "assign": {"metis": SECONDS["metis_per_edge"], "multilevel": MULTILEVEL_SECONDS_PER_EDGE,
-                          "random": 0.0}[assign_method(method, e)] * e,
+                          "random": 0.0}[ran] * e,
                "write": (SECONDS["write_per_edge"] * e + SECONDS["write_per_feature_byte"] * 4 * d * n) / ranks}
     return {"graph": g, "parts": parts, "ranks": ranks, "method": method, "phases": phases, "peak_phase": peak_phase,
             "peak_bytes": peak,

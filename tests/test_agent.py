@@ -30,14 +30,14 @@ def logs_by_rank(run):
     return {log["layout"]["world_rank"]: log for log in read_logs(run)}
 
 
+COMMON = ["--batch-size", "8", "--eval-every", "0", "--progress", "none", "--delta", "1"]
+
+
 def train(parts, run, ranks, *flags, epochs=4):
-    proc = run_train(ranks, "--data", parts, "--run-dir", run, "--epochs", str(epochs), "--batch-size", "8", "--eval-every", "0",
-                     "--progress", "none", "--delta", "1", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+    proc = run_train(ranks, "--data", parts, "--run-dir", run, "--epochs", str(epochs), *COMMON, *flags,
+                     env={"MPIR_CVAR_NUM_CLIQUES": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return logs_by_rank(run)
-
-
-COMMON = ["--epochs", "4", "--batch-size", "8", "--eval-every", "0", "--progress", "none", "--delta", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +47,12 @@ def launched(parts, tmp_path_factory):
     and the heuristic at a fixed latency over each transport. {name: run directory}."""
     base = tmp_path_factory.mktemp("launched")
     runs = {name: base / name for name in ("heuristic", "none", "p2p", "collective")}
-    jobs = [[*COMMON, "--data", parts, "--run-dir", runs["heuristic"], "--policy", "heuristic"],
-            {"argv": [*COMMON, "--data", parts, "--run-dir", runs["none"], "--policy", "none"], "trainers_only": True}]
+    common = [*COMMON, "--epochs", "4", "--data", parts]
+    jobs = [[*common, "--run-dir", runs["heuristic"], "--policy", "heuristic"],
+            {"argv": [*common, "--run-dir", runs["none"], "--policy", "none"], "trainers_only": True}]
     # windows of one minibatch: a trainer is due at the same minibatches over both transports
-    jobs += [[*COMMON, "--data", parts, "--run-dir", runs[t], "--policy", "heuristic", "--agent-transport", t,
-              "--agent-latency", "3"] for t in ("p2p", "collective")]
+    jobs += [[*common, "--run-dir", runs[t], "--policy", "heuristic", "--agent-transport", t, "--agent-latency", "3"]
+             for t in ("p2p", "collective")]
     proc = run_trains(6, jobs, base, env={"MPIR_CVAR_NUM_CLIQUES": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return runs

@@ -18,6 +18,8 @@ import pytest
 import torch
 from conftest import BUNDLED_CORA, as_older_log, rank_pids, read_logs, run_train, run_trains, train_command
 
+from rudder.logs import checkpoints
+
 COLUMNS = ("epoch", "step", "seeds", "input_nodes", "hits", "misses", "refills", "replaced", "refetched", "loss",
            "global_loss")
 
@@ -39,14 +41,6 @@ LONG = 200  # epochs of an interrupted run: it must still be running when the si
 def flags(parts, policy, epochs=20):
     return ["--data", parts, "--policy", policy, "--delta", "3", "--batch-size", "8", "--epochs", str(epochs),
             "--eval-every", "10", "--progress", "none"]
-
-
-def latest_counter(run) -> int:
-    try:
-        with open(os.path.join(run, "checkpoint", "latest.json")) as f:
-            return json.load(f)["counter"]
-    except (OSError, ValueError):
-        return -1
 
 
 def start(ranks, args, env=None):
@@ -85,7 +79,7 @@ def kill_after_checkpoint(job, run: str, counter: int, ready=lambda checkpoint_c
     try:
         deadline = time.monotonic() + 120
         while job.poll() is None and time.monotonic() < deadline:
-            latest = latest_counter(run)
+            latest = checkpoints.committed_counter(run)
             if latest >= counter and ready(latest):
                 break
             time.sleep(0.05)
@@ -103,7 +97,7 @@ def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(parts, uninterrup
     job = kill_after_checkpoint(start(2, flags(parts, "fixed", LONG) + ["--run-dir", run, "--checkpoint-every", "7"]),
                                 run, 41)
     assert job.returncode != 0
-    killed_at = latest_counter(run)
+    killed_at = checkpoints.committed_counter(run)
     assert (killed_at + 1) % 7 == 0
     held = no_feature_rows(parts, run, killed_at)
     # rank 0's log as a version before the CPU columns wrote it, and the checkpoint as format 4 wrote
@@ -174,7 +168,7 @@ def test_a_killed_run_resumes_across_a_shift(parts, uninterrupted, tmp_path):
     run = str(tmp_path / "run")
     kill_after_checkpoint(start(2, flags(parts, "lookahead", LONG) + ["--shift", SHIFT, "--run-dir", run,
                                                                       "--checkpoint-every", "7"]), run, 6)
-    killed_at = latest_counter(run)
+    killed_at = checkpoints.committed_counter(run)
     assert 0 <= killed_at < 108 and (killed_at + 1) % 7 == 0  # before the shift: the resumed part crosses it
     proc = run_train(2, "--resume", run, "--epochs", "20", "--progress", "none")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -205,7 +199,7 @@ def test_sigterm_checkpoints_then_stops_and_the_run_resumes(parts, uninterrupted
     assert job.returncode == 143, (out[-2000:], err[-2000:])
     logs = read_logs(run)
     assert all(r["status"] == "interrupted" for r in logs)
-    counter = latest_counter(run)
+    counter = checkpoints.committed_counter(run)
     # the checkpoint was set after the signal (10 minibatches in), and the run stopped right after it
     assert counter >= 10 and all(r["minibatches"].size == counter + 1 for r in logs)
     proc = run_train(2, "--resume", run, "--epochs", "20", "--progress", "none")
@@ -230,7 +224,7 @@ def test_a_node_shared_buffer_resumes_from_its_first_trainers_file(parts, tmp_pa
     run = str(tmp_path / "run")
     kill_after_checkpoint(start(4, flags(parts, "fixed", LONG) + SHARED + ["--run-dir", run, "--checkpoint-every", "7"],
                                 env=TWO_NODES), run, 41)
-    killed_at = latest_counter(run)
+    killed_at = checkpoints.committed_counter(run)
     where = os.path.join(run, "checkpoint", f"minibatch-{killed_at:09d}")
     kept = [torch.load(os.path.join(where, f"rank-{r:05d}.pt"), weights_only=False)["assembly"]["buffer"] for r in range(4)]
     # ranks 0, 2 form node 0 and 1, 3 node 1 (round robin): each node's first trainer keeps its buffer
@@ -270,7 +264,7 @@ def test_agent_contexts_and_the_tuners_arms_survive_a_resume(parts, tmp_path):
                                                                    "--agent-action", "structured",
                                                                    "--agent-delay", "0.02"]), run, 59,
                           ready=lambda counter: agent_has_full_contexts_and_tried_arms(run, counter))
-    counter = latest_counter(run)
+    counter = checkpoints.committed_counter(run)
     assert agent_has_full_contexts_and_tried_arms(run, counter), "no checkpoint with full contexts before the kill"
     saved = saved_agent(run, counter)
     # a loaded machine may reach full contexts only after epoch 20: resume to a later end then
@@ -324,8 +318,6 @@ def test_a_late_agent_file_of_a_superseded_checkpoint_is_dropped(tmp_path):
     """An agent writes its part of a checkpoint when its node's trainers have all reached it, and
     they do not wait for it: if they have committed a newer checkpoint (and dropped this one's
     folder) by then, the file is not written and no folder is made again; otherwise it is."""
-    from rudder.logs import checkpoints
-
     run = str(tmp_path)
     assert checkpoints.save_late(run, 19, "agent-00002.pt", {"counter": 19})  # nothing committed yet
     checkpoints.commit(run, {"counter": 39})

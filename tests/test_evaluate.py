@@ -30,8 +30,8 @@ def evaluate(*args, timeout=1500):
 def tiny_grid(tmp_path_factory) -> str:
     """bench/grids/tiny.toml with its llm runs on a tiny random-weight GGUF (rudder.agent.tiny_gguf,
     under grammar like any model): these runs check the harness, and take a quarter of the CPU the
-    default model's do. The default model's answers are tests/test_agent_action.py's and
-    tests/test_llm.py's, its runs tests/test_llm.py's and tests/test_slurm.py's."""
+    default model's do. The default model's own answers are tests/test_agent_action.py's (in
+    process: no MPI job of the suite loads it)."""
     from rudder.agent.tiny_gguf import write_tiny_gguf
 
     where = tmp_path_factory.mktemp("tiny-grid")

@@ -56,10 +56,9 @@ def save(path: str, state: dict) -> None:
 
 
 def committed_counter(run_dir: str) -> int:
-    """The minibatch counter of the latest committed checkpoint, -1 if none."""
+    """The minibatch counter of the latest committed checkpoint (``latest``), -1 if none."""
     try:
-        with open(os.path.join(root(run_dir), "latest.json")) as f:
-            return int(json.load(f)["counter"])
+        return int(latest(run_dir)["counter"])
     except (OSError, ValueError, KeyError):
         return -1
 
