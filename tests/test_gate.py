@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -67,6 +68,47 @@ def test_a_collective_goes_through_the_lock_and_the_switch_restores_the_old_wait
         gate.enable(True)
 
 
+def test_a_starting_ranks_long_wait_tests_a_few_times(monkeypatch):
+    """A wait of 0.3 s for a late peer: while the rank starts up (``wait_growing``, sleeps growing
+    to STARTING_SLEEP) at most a hundred-odd tests, where sleeps of at most MAX_SLEEP (training's
+    ``complete``) would make thousands. Counted, not timed: a loaded host sleeps longer, which only
+    lowers the count."""
+    from mpi4py import MPI
+
+    tests = [0]
+    real_attempt = gate.attempt
+
+    def counted(call):
+        tests[0] += 1
+        return real_attempt(call)
+
+    monkeypatch.setattr(gate, "attempt", counted)
+
+    def wait(waiter) -> int:
+        tests[0] = 0
+        got = np.zeros(1, dtype=np.int64)
+        with gate.held():
+            request = MPI.COMM_SELF.Irecv(got, source=0, tag=40)
+
+        def late_peer():
+            time.sleep(0.3)
+            with gate.held():
+                MPI.COMM_SELF.Send(np.array([40], dtype=np.int64), dest=0, tag=40)
+
+        peer = threading.Thread(target=late_peer)
+        peer.start()
+        waiter(request)
+        peer.join()
+        assert got.tolist() == [40]
+        return tests[0]
+
+    patient = wait(lambda r: gate.wait_growing(r, gate.STARTING_GROWTH, gate.STARTING_SLEEP))
+    # growing by 1/8 of the wait from FIRST_SLEEP (about 8 ln(wait / FIRST_SLEEP) tests), then one
+    # test every STARTING_SLEEP
+    most = 0.3 / gate.STARTING_SLEEP + math.log(0.3 / gate.FIRST_SLEEP) / gate.STARTING_GROWTH + 2
+    assert patient <= most, f"{patient} tests in a starting rank's 0.3 s wait (at most {most:.0f} expected)"
+
+
 def test_the_progress_thread_polls_only_while_no_thread_of_the_rank_is_in_mpi():
     """It calls MPI while the rank's threads are out of it, never while another holds the lock,
     and the auto rule runs it only where another node reads the rank's rows and its threads have a
@@ -115,14 +157,15 @@ def test_a_read_from_an_owner_computing_outside_mpi_ends_before_its_compute(tmp_
 def cora_jobs(parts, run, lock: str) -> list[str]:
     return ["--data", parts, "--run-dir", run, "--policy", "fixed", "--delta", "3", "--epochs", "2", "--batch-size", "8",
             "--mpi-wait", "spin", "--mpi-lock", lock, "--checkpoint-every", "5", "--eval-every", "1", "--progress", "none",
-            "--rma-progress", "thread"]
+            "--rma-progress", "thread", "--buffer-sharing", "node", "--topology", "replicated"]
 
 
 def test_training_with_the_lock_never_has_two_threads_in_mpi_and_trains_as_without(tmp_path):
-    """Cora at 4 ranks, each its own emulated node, ``spin`` waits, with the evaluation's windows and
-    a checkpoint's barrier beside the pipeline thread and the RMA progress thread: with the lock,
-    no MPI call of any rank began while another thread of it was inside MPI; without it, the same
-    losses bit for bit."""
+    """Cora at 4 ranks on 2 emulated nodes, ``spin`` waits, with the evaluation's windows and a
+    checkpoint's barrier beside the pipeline thread, and the RMA progress thread running from the
+    feature windows on, through the rest of the start-up (the node's shared buffer, its pool and its
+    replicated CSR, all built collectively): with the lock, no MPI call of any rank began while
+    another thread of it was inside MPI; without it, the same losses bit for bit."""
     shim = mpi_overlap.build(str(tmp_path / "shim"))
     if shim is None:
         pytest.skip("the overlap shim needs x86-64 Linux, gcc, nm and the mpich wheel's libmpi")
@@ -130,7 +173,7 @@ def test_training_with_the_lock_never_has_two_threads_in_mpi_and_trains_as_witho
     proc = subprocess.run([sys.executable, "-m", "partitioning", "--input", f"planetoid:{BUNDLED_CORA}:cora",
                            "--num-parts", "4", "--out", parts], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    cliques = {"MPIR_CVAR_NUM_CLIQUES": "4"}
+    cliques = {"MPIR_CVAR_NUM_CLIQUES": "2"}
     counts = str(tmp_path / "overlap")
     locked = run_trains(4, [cora_jobs(parts, tmp_path / "on", "on")], tmp_path,
                         env={**cliques, **mpi_overlap.env(shim, counts)})

@@ -35,6 +35,14 @@ import time
 ENABLED = True  # ``enable``: set once, before a rank's second thread starts
 FIRST_SLEEP = 10e-6  # ``yield``: seconds before the second test
 MAX_SLEEP = 100e-6  # ``yield``: the longest sleep between tests (a sleeping rank serves no one's Gets)
+# A starting rank's wait for its peers in a collective: the sleep between tests grows with the wait
+# so far (STARTING_GROWTH of it, so a wake-up comes at most that share late) up to STARTING_SLEEP.
+# Ranks start at different times (an import or a file read of one rank takes seconds more than
+# another's), and a rank polling all that time takes a core from the ranks still working where
+# ranks share cores. A rank's readers are served meanwhile by its progress thread where it runs.
+STARTING_SLEEP = 5e-3
+STARTING_GROWTH = 1 / 8
+STARTING = True  # until ``started``: the rank's start-up, whose collectives wait with growing sleeps
 
 
 class Gate:
@@ -144,6 +152,13 @@ def complete(requests: list, mode: str) -> None:
             delay = min(MAX_SLEEP, 2 * delay)
 
 
+def started() -> None:
+    """The rank's start-up is over: from now on a collective's wait sleeps at most ``MAX_SLEEP``
+    between tests, as every wait in training does (a peer may be reading this rank's rows)."""
+    global STARTING
+    STARTING = False
+
+
 def settle(request, sleep: float) -> None:
     """Wait for one request testing every ``sleep`` seconds (for waits that must not spin: an
     agent that may share this core), each test under the lock."""
@@ -156,12 +171,28 @@ def settle(request, sleep: float) -> None:
 
 def collective(comm, call, /, *args, **kwargs):
     """``call(*args, **kwargs)``, a blocking collective over ``comm``, entered once every rank of
-    ``comm`` has reached it (an ``Ibarrier`` completed by tests), under the lock; its result. Off:
-    the call alone."""
+    ``comm`` has reached it (an ``Ibarrier`` completed by tests: during the rank's start-up with
+    sleeps that grow with the wait, ``wait_growing``), under the lock; its result. Off: the call
+    alone."""
     if not ENABLED:
         return call(*args, **kwargs)
     with held():
         barrier = comm.Ibarrier()
-    complete([barrier], "yield")
+    if STARTING:
+        wait_growing(barrier, STARTING_GROWTH, STARTING_SLEEP)
+    else:
+        complete([barrier], "yield")
     with held():
         return call(*args, **kwargs)
+
+
+def wait_growing(request, growth: float, longest: float) -> None:
+    """Wait for one request, each test under the lock, sleeping between tests ``growth`` times the
+    wait so far (at least ``FIRST_SLEEP``, at most ``longest``): a short wait is noticed within
+    microseconds, a long one costs a test every ``longest`` seconds."""
+    start = time.perf_counter()
+    while True:
+        _, done = attempt(request.Test)
+        if done:
+            return
+        time.sleep(min(longest, max(FIRST_SLEEP, growth * (time.perf_counter() - start))))

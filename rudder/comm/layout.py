@@ -21,7 +21,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from rudder.comm import waiting
+from rudder.comm import gate, waiting
 
 PARTITION_MODES = ("trainer", "node")
 
@@ -89,7 +89,8 @@ def exposer_table(layout: Layout, num_parts: int):
 
     exposes = layout.partition_mode == "trainer" or layout.node_trainers.rank == 0
     exposer = np.full(num_parts, -1, dtype=np.int64)
-    for rank, part in enumerate(layout.trainers.allgather(layout.partition_id if exposes else -1)):
+    parts = gate.collective(layout.trainers, layout.trainers.allgather, layout.partition_id if exposes else -1)
+    for rank, part in enumerate(parts):
         if part >= 0:
             exposer[part] = rank
     return exposer

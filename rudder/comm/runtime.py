@@ -26,6 +26,7 @@ import traceback
 import numpy as np
 
 import rudder
+from rudder.comm import gate
 
 
 def find_mpiexec() -> str | None:
@@ -96,7 +97,7 @@ def library_versions() -> dict:
 
 def agree_on_error(comm, error: str | None) -> str | None:
     """Collective: the first error any rank saw (prefixed with its rank when not all saw it)."""
-    errors = comm.allgather(error)
+    errors = gate.collective(comm, comm.allgather, error)
     bad = [(rank, e) for rank, e in enumerate(errors) if e]
     if not bad:
         return None

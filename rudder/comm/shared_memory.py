@@ -21,20 +21,23 @@ import tempfile
 
 import numpy as np
 
+from rudder.comm import gate
+
 LOCK_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
 class NodeSharedArrays:
     def __init__(self, comm):
-        """Collective over ``comm`` (the trainers of one node)."""
+        """Collective over ``comm`` (the trainers of one node). Every MPI call goes through the
+        rank's MPI lock (``rudder.comm.gate``): a progress thread may be running."""
         self.comm, self.windows = comm, []
         path = None
         if comm.rank == 0:
             fd, path = tempfile.mkstemp(prefix="rudder-node-mutex-", dir=LOCK_DIR)
             os.close(fd)
-        path = comm.bcast(path, root=0)
+        path = gate.collective(comm, comm.bcast, path, root=0)
         self.mutex = os.open(path, os.O_RDWR)
-        comm.Barrier()
+        gate.collective(comm, comm.Barrier)
         if comm.rank == 0:
             os.unlink(path)  # the open descriptors keep the file while the job runs
 
@@ -44,13 +47,15 @@ class NodeSharedArrays:
 
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
-        win = MPI.Win.Allocate_shared(nbytes if self.comm.rank == 0 else 0, dtype.itemsize, comm=self.comm)
-        buf, _ = win.Shared_query(0)
+        win = gate.collective(self.comm, MPI.Win.Allocate_shared, nbytes if self.comm.rank == 0 else 0, dtype.itemsize,
+                              comm=self.comm)
+        with gate.held():
+            buf, _ = win.Shared_query(0)
         array = np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
         if self.comm.rank == 0:
             array.fill(0)
         self.windows.append(win)
-        self.comm.Barrier()
+        gate.collective(self.comm, self.comm.Barrier)
         return array
 
     @contextlib.contextmanager
@@ -63,8 +68,8 @@ class NodeSharedArrays:
 
     def close(self) -> None:
         """Collective over ``comm``."""
-        self.comm.Barrier()
+        gate.collective(self.comm, self.comm.Barrier)
         for win in self.windows:
-            win.Free()
+            gate.collective(self.comm, win.Free)
         self.windows.clear()
         os.close(self.mutex)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rudder.comm import gate
 from rudder.comm.dist_array import DistributedArray, ReadStats
 from rudder.comm.shared_memory import NodeSharedArrays
 from rudder.data.partition_store import read_csr_into
@@ -97,7 +98,7 @@ class ReplicatedAdjacency:
             for part in range(meta.num_parts):
                 read_csr_into(data_dir, part, meta, self.indptr[self.indptr_base[part]:self.indptr_base[part + 1]],
                               self.indices[self.indices_base[part]:self.indices_base[part + 1]])
-        layout.node_trainers.Barrier()  # filled before anyone samples
+        gate.collective(layout.node_trainers, layout.node_trainers.Barrier)  # filled before anyone samples
 
     def rows(self, gids: np.ndarray, stats: ReadStats):
         parts = self.meta.owner_of(gids)

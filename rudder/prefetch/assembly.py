@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rudder.comm import gate
 from rudder.comm.dist_array import ReadStats, take_rows
 from rudder.logs import metrics
 from rudder.prefetch.buffers import BufferSettings, PrefetchBuffer, find_sorted
@@ -110,7 +111,7 @@ class CachedFeatures:
             rows, self.init_stats = self.store.gather(ids)
             self.buffer.features[slots] = rows
         if self.shared is not None:
-            self.shared.comm.Barrier()
+            gate.collective(self.shared.comm, self.shared.comm.Barrier)
         return self.init_stats
 
     def state_dict(self) -> dict:
@@ -126,7 +127,7 @@ class CachedFeatures:
         self.counter, self.hit_total, self.miss_total = state["counter"], state["hit_total"], state["miss_total"]
         self.buffer.load_state_dict(state["buffer"])
         if self.shared is not None:
-            self.shared.comm.Barrier()  # the node's arrays are back before any trainer looks up
+            gate.collective(self.shared.comm, self.shared.comm.Barrier)  # the node's arrays are back before any trainer looks up
 
     def assemble(self, nodes: np.ndarray, future: list[np.ndarray] = ()) -> tuple[np.ndarray, AssemblyStats]:
         """Feature rows of ``nodes`` (unique global IDs); ``future``: the next minibatches' input

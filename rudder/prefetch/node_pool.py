@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rudder.comm import gate
 from rudder.prefetch.buffers import capacity_of
 
 
@@ -38,7 +39,7 @@ def gather_node_pool(comm, partition, in_shared_memory, fraction: float,
     """Collective over the node's trainers (``comm``): the pool over their halos, with
     ``in_shared_memory(ids)`` saying which rows a same-node partition holds, and the node's
     ``vip`` ranking from each trainer's own ``ranking`` (None without one)."""
-    halos = comm.allgather((partition.halo_nodes, partition.halo_in_degree))
+    halos = gate.collective(comm, comm.allgather, (partition.halo_nodes, partition.halo_in_degree))
     nodes = np.concatenate([np.asarray(h, dtype=np.int64) for h, _ in halos])
     degree = np.concatenate([np.asarray(d, dtype=np.int64) for _, d in halos])
     union, first = np.unique(nodes, return_index=True)
@@ -46,7 +47,7 @@ def gather_node_pool(comm, partition, in_shared_memory, fraction: float,
     union, degree = union[remote], degree[first][remote]
     capacity = min(union.size, sum(capacity_of(fraction, np.asarray(h).size) for h, _ in halos))
     pool = NodePool(union, degree, partition.node_start, partition.node_end, capacity)
-    rankings = comm.allgather(ranking)
+    rankings = gate.collective(comm, comm.allgather, ranking)
     if any(r is None for r in rankings):
         return pool, None
     ids = np.concatenate([r[0] for r in rankings])

@@ -24,6 +24,7 @@ import sys
 from mpi4py import MPI
 
 from rudder.agent.server import run_agent
+from rudder.comm import gate
 from rudder.comm.layout import LayoutError, build_layout, exposer_table
 from rudder.comm.runtime import StopRequest, abort_job, agree_on_error, require_thread_multiple
 from rudder.data import dgl_bridge
@@ -178,7 +179,8 @@ def start_up(world, argv, clock: StartupClock):
             state[name] = value
         clock.mark(phase)
     if not error:  # rank 0 alone touches the run directory (a shared file system)
-        error = world.bcast(checked(MPI.COMM_SELF, lambda: prepare_run_dir(state["cfg"]))[1] if world.rank == 0 else None)
+        error = checked(MPI.COMM_SELF, lambda: prepare_run_dir(state["cfg"]))[1] if world.rank == 0 else None
+        error = gate.collective(world, world.bcast, error)  # the others sleep while rank 0 works
         clock.mark("run directory")
     return state.get("cfg"), state.get("meta"), state.get("layout"), error
 

@@ -76,7 +76,7 @@ class Divergence:
 class ReplicaRepair:
     def __init__(self, trainers, model: torch.nn.Module, optimizer, mode: str, log):
         """Collective over ``trainers`` (a communicator of its own for the rare path)."""
-        self.comm = trainers.Dup()
+        self.comm = gate.collective(trainers, trainers.Dup)
         self.model, self.optimizer, self.mode, self.log = model, optimizer, mode, log
         self.named = list(model.named_parameters())
 

@@ -100,10 +100,7 @@ class Trainer:
         self.resumed_rows = self._resumed_epoch_rows() if self.resumed else None
         if cfg.sampling.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
             torch.set_num_threads(layout.threads_per_rank - 1)
-        # serves other nodes' Gets of this rank's rows while its threads compute (rudder.comm.progress);
-        # from here on every MPI call of the rank goes through the MPI lock, as the thread's does
-        self.progress_thread = (ProgressThread(layout.trainers, wake_interval(layout.ranks_per_core))
-                                if self.rma_progress == "thread" else None)
+        gate.started()  # from here on a peer may be reading this rank's rows for a minibatch
         self.pipeline = MinibatchPipeline(self.schedule(self.start), self.sampler, self.features,
                                           cfg.sampling.prefetch_depth, self.policy.lookahead,
                                           snapshot=self.checkpoints.snapshot_if_due if self.checkpoints.enabled else None,
@@ -137,6 +134,11 @@ class Trainer:
                                                structure=self.exposes and distributed)
         self.clock.mark("partition read")
         self.store = FeatureStore(layout, meta, cfg.data.path, self.exposer, gets=cfg.data.rma_gets)
+        # serves other nodes' Gets of this rank's rows while its threads compute (rudder.comm.progress),
+        # from the moment they can read them: peers fill their buffers while this rank still starts
+        # up. From here on every MPI call of the rank goes through the MPI lock, as the thread's does.
+        self.progress_thread = (ProgressThread(layout.trainers, wake_interval(layout.ranks_per_core))
+                                if self.rma_progress == "thread" else None)
         self.clock.mark("feature windows")
         self.adjacency = open_adjacency(cfg.data.topology, layout, meta, part, self.exposer, cfg.data.path)
         self.clock.mark("adjacency")
@@ -151,7 +153,8 @@ class Trainer:
         # Equal steps on every trainer: the busiest trainer's seed count in each phase sets its count.
         mine = [my_share(phase_seeds(cfg.training.seed, layout.partition_id, self.train_nodes, p.seed_fraction),
                          layout).size for p in cfg.phase_settings()]
-        self.phases = cfg.run_phases([layout.trainers.allreduce(n, op=MPI.MAX) for n in mine])
+        self.phases = cfg.run_phases([gate.collective(layout.trainers, layout.trainers.allreduce, n, op=MPI.MAX)
+                                      for n in mine])
         self.my_train = mine[0]
         self.batch_size, self.steps_per_epoch = self.phases.phases[0].batch_size, self.phases.phases[0].steps_per_epoch
         self.sampler = NeighborSampler(self.adjacency, cfg.sampling.fanouts, seed=[cfg.training.seed, layout.trainer_rank],
@@ -172,10 +175,11 @@ class Trainer:
             self.optimizer.load_state_dict(self.resumed.model_state["optimizer"])
             torch.set_rng_state(self.resumed.rank_state["torch_rng"])
         # Every trainer must pick the same path: one rank's answer decides (they share one MPI library).
-        self.mpi_cuda_support = mpi_cuda_support() if self.device.type == "cuda" else None
+        with gate.held():  # a query, but an MPI call beside the progress thread's
+            self.mpi_cuda_support = mpi_cuda_support() if self.device.type == "cuda" else None
         choice = cfg.model.gpu_allreduce
         device_buffer = choice == "device" or (choice == "auto" and bool(self.mpi_cuda_support))
-        device_buffer = self.layout.trainers.bcast(device_buffer, root=0)
+        device_buffer = gate.collective(self.layout.trainers, self.layout.trainers.bcast, device_buffer, root=0)
         self.allreduce = GradientAllreduce(self.layout.trainers, self.model, device_buffer, wait=self.layout.mpi_wait,
                                            check=cfg.training.on_divergence != "off")
         self.injections = set(cfg.testing.divergences)  # (minibatch, trainer) of each --inject-divergence
