@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from partitioning.graph import InputError
+from partitioning.multilevel import CLUSTER_SHARE
 from partitioning.spec import Options, parse_options, positional
 
 # Fitted on this host (docs/partitioning.md, "The memory model"): METIS 5.2 with DROPEDGES and
@@ -31,7 +32,7 @@ METIS_BYTES_PER_NODE = 150.0
 # METIS on the coarsest graph (METIS's own arrays and that graph's, per edge METIS sees: 48 and 47
 # fitted on RMAT-20 and RMAT-22 into 8 parts) and one coarse level in memory (the first, the
 # largest: 0.78-0.83 of the edges on RMAT-22 and RMAT-23), and one 1M-edge chunk's temporaries.
-# Coarse levels take 8 bytes an edge (12 beyond 2^31 edges: summed weights in int64) and 32 a node
+# Coarse levels take 8 bytes an edge (12 where a summed weight may pass 2^31: int64) and 32 a node
 # on disk; over all levels 1.1x the edges on RMAT-18 into 8 parts, 3.2x on RMAT-23 into 64 (a
 # cluster holds at most 1/(4k) of a constraint: more parts, more levels); the larger is budgeted.
 MULTILEVEL_TOP_SHARE = 0.25
@@ -117,9 +118,11 @@ def assign_method(method: str, edges: float) -> str:
     return ("metis" if edges <= METIS_EDGE_LIMIT else "multilevel") if method == "auto" else method
 
 
-def level_edge_bytes(e: float) -> int:
-    """Bytes a coarse edge takes: an int32 neighbour, and its summed weight in int32 below 2^31 edges."""
-    return 8 if e <= METIS_EDGE_LIMIT else 12
+def level_edge_bytes(e: float, n: float, parts: int) -> int:
+    """Bytes a coarse edge takes: an int32 neighbour, and its summed weight, in int32 where no
+    cluster's degree can pass 2^31 (``multilevel.contract`` checks it on the real clusters): a
+    cluster's degree is capped at 1/(CLUSTER_SHARE k) of the edges, or one node's (below n)."""
+    return 8 if max(e / (CLUSTER_SHARE * parts), n) <= METIS_EDGE_LIMIT else 12
 
 
 def phase_bytes(g: GraphSize, parts: int, method: str = "auto") -> dict[str, float]:
@@ -139,7 +142,7 @@ def phase_bytes(g: GraphSize, parts: int, method: str = "auto") -> dict[str, flo
         # them, and in int64) and every level's cluster map
         held = node_data + i * e + (4 + 8) * n + (12 + 24) * n + 8 * (1 + MULTILEVEL_LEVELS_NODES) * n
         top = MULTILEVEL_TOP_BYTES_PER_EDGE * MULTILEVEL_TOP_SHARE * e
-        first_level = level_edge_bytes(e) * MULTILEVEL_FIRST_LEVEL_SHARE * e + 32 * n
+        first_level = level_edge_bytes(e, n, parts) * MULTILEVEL_FIRST_LEVEL_SHARE * e + 32 * n
         assign = held + max(top, first_level) + MULTILEVEL_CHUNK_BYTES
     elif method == "random":  # a permutation and the parts: arrays per node only
         assign = node_data + i * e + 8 * n + 24 * n
@@ -166,7 +169,7 @@ def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict
     ran = assign_method(method, e)
     levels = 0.0
     if ran == "multilevel":  # the coarse levels, in the scratch directory
-        levels = level_edge_bytes(e) * MULTILEVEL_LEVELS_EDGES * e + 32 * MULTILEVEL_LEVELS_NODES * n
+        levels = level_edge_bytes(e, n, parts) * MULTILEVEL_LEVELS_EDGES * e + 32 * MULTILEVEL_LEVELS_NODES * n
     seconds = {"generate": SECONDS["generate_per_edge"] * m / 2 if g.generated else 0.0,
                "csr": SECONDS["csr_per_edge"] * m,
                "assign": {"metis": SECONDS["metis_per_edge"], "multilevel": MULTILEVEL_SECONDS_PER_EDGE,

@@ -92,6 +92,26 @@ def test_bad_limit_names_the_variable(monkeypatch):
         multilevel.edge_limit()
 
 
+@pytest.mark.parametrize("weight, expected", [(2**27, np.int32), (2**29, np.int64)])
+def test_summed_weights_are_int32_while_no_cluster_can_pass_2_31(tmp_path, weight, expected):
+    """A ring of 64 vertices with heavy edges (all together 128 x weight, past 2^31 either way),
+    contracted into clusters of 4 consecutive vertices: a cluster's summed weighted degree is
+    8 x weight, so its edges' summed weights fit int32 at 2^27 (2^30) and may not at 2^29 (2^32);
+    the weights written are the exact sums either way."""
+    n = 64
+    nbrs = np.stack([(np.arange(n) - 1) % n, (np.arange(n) + 1) % n], axis=1)
+    order = np.argsort(nbrs, axis=1)
+    adjncy = np.take_along_axis(nbrs, order, axis=1).reshape(-1)
+    xadj = np.arange(0, 2 * n + 1, 2, dtype=np.int64)
+    fine = multilevel.Graph(xadj, adjncy, np.full(2 * n, weight, dtype=np.int64), np.ones((n, 1), dtype=np.int64))
+    cmap = np.arange(n) // 4
+    spilled = multilevel.contract(fine, cmap, n // 4, str(tmp_path / "level1"))
+    coarse = spilled.load()
+    assert coarse.adjwgt.dtype == expected and spilled.m == 2 * (n // 4)
+    assert (coarse.adjwgt.astype(np.int64) == weight).all()  # one fine edge between neighbouring clusters
+    assert np.array_equal(coarse.vwgt[:, 0], np.full(n // 4, 4))
+
+
 def test_a_coarse_graph_is_the_summed_quotient_and_lives_on_disk_only_while_used(tmp_path):
     """``contract`` writes the coarse graph a chunk of rows at a time (chunks cut to a few edges
     here): read back, it is the quotient graph C^T A C with its diagonal dropped, weights summed,
