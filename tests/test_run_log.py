@@ -1,8 +1,11 @@
-"""Per-rank HDF5 logs: rows and ragged rows round-trip, and a writer killed with SIGKILL between
-flushes leaves a file h5py opens with every flushed row."""
+"""Per-rank HDF5 logs: rows and ragged rows round-trip, and a writer killed with SIGKILL at any
+moment, inside a flush too, leaves a log that reads with every row it had finished flushing and
+that a resume continues."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,7 +15,9 @@ import h5py
 import numpy as np
 import pytest
 
-from rudder.logs.writer import RunLog
+from rudder.logs.reader import read_rank
+from rudder.logs.schema import AGENT, AGENT_RAGGED, AGENT_TABLES
+from rudder.logs.writer import UNDO, RunLog, open_log
 
 ROW = np.dtype([("step", "i4"), ("loss", "f4")])
 
@@ -67,9 +72,118 @@ def test_killed_writer_leaves_a_readable_file(tmp_path):
     time.sleep(0.5)
     proc.kill()
     proc.wait()
-    with h5py.File(path, "r") as f:
+    with open_log(str(path)) as f:
         steps = f["rows"]["step"]
         assert steps.size >= 150 and (steps == np.arange(steps.size)).all()
+
+
+AGENT_ATTRS = {"role": AGENT, "layout": json.dumps({"world_rank": 0, "world_size": 1, "is_agent": True})}
+
+
+def agent_text(i: int, name: str) -> bytes:
+    """Row ``i``'s ``name`` text: up to 30 KB, from 1 to 95 letters (compressing from ~1000x to ~1.2x)."""
+    rng = np.random.default_rng([i, list(AGENT_RAGGED).index(name)])
+    return rng.integers(32, 32 + rng.choice([1, 4, 26, 95]), int(rng.integers(0, 30000)), dtype=np.uint8).tobytes()
+
+
+def agent_rows(log: RunLog, start: int, stop: int) -> None:
+    for i in range(start, stop):
+        for table, dtype in AGENT_TABLES.items():
+            log.append(table, {**dict.fromkeys(dtype.names, 0), "request": i})
+        for name in AGENT_RAGGED:
+            log.append_ragged(name, np.frombuffer(agent_text(i, name), dtype=np.uint8))
+
+
+def killed_writer(path: str, resume: dict | None, delay: float) -> list[dict]:
+    """A forked writer that creates the log (or resumes it from ``resume``) and flushes a few rows
+    at a time in a tight loop, SIGKILLed ``delay`` s after it starts (a first one: after creating
+    the log); the row counts of the flushes it finished."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the writer: never returns into pytest
+        try:
+            os.close(r)
+            log = RunLog(path, AGENT_ATTRS, AGENT_TABLES, AGENT_RAGGED, flush_seconds=0, resume_rows=resume)
+            while True:
+                os.write(w, (json.dumps(log.written) + "\n").encode())
+                agent_rows(log, log.written["decisions"], log.written["decisions"] + 3)
+                log.flush()
+        finally:
+            os._exit(1)
+    os.close(w)
+    with os.fdopen(r) as lines:
+        first = lines.readline() if resume is None else ""
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return [json.loads(x) for x in [first, *lines.read().splitlines()] if x.strip()]
+
+
+def assert_rows(path: str, rows: dict, exactly: bool = False) -> None:
+    """The log reads (rudder.logs.reader) with the first ``rows`` rows of every set as written."""
+    log = read_rank(path)
+    for table in AGENT_TABLES:
+        got = log.tables[table]["request"]
+        assert got.size == rows[table] if exactly else got.size >= rows[table]
+        np.testing.assert_array_equal(got[:rows[table]], np.arange(rows[table]))
+    for name in AGENT_RAGGED:
+        texts = log.texts[name]
+        assert len(texts) == rows[name] if exactly else len(texts) >= rows[name]
+        assert all(texts[i] == agent_text(i, name).decode() for i in range(rows[name])), name
+
+
+def test_a_writer_killed_inside_flushes_leaves_a_log_that_reads_and_resumes(tmp_path):
+    """HDF5 rewrites its metadata in place when the file closes, and may write a grown compressed
+    chunk where the metadata on disk still points: an agent's log (compressed texts) killed inside
+    a flush was torn (rows it had flushed before lost, the file unreadable, a resume failing). Each
+    writer here is killed at a random moment, most of them inside a flush (the reopen too), and
+    the next one resumes from the counts of a flush its predecessor finished (what a checkpoint
+    holds)."""
+    path, rng, rows, inside = str(tmp_path / "rank-00000.h5"), np.random.default_rng(0), None, 0
+    for _ in range(24):
+        finished = killed_writer(path, rows, float(rng.uniform(0.0, 0.15)))
+        inside += os.path.exists(path + UNDO)  # killed inside a flush: read through its journal
+        assert_rows(path, finished[-1] if finished else rows)  # every finished flush's rows
+        rows = finished[int(rng.integers(len(finished)))] if finished else rows
+    assert inside >= 3, f"only {inside} of 24 kills came inside a flush"
+    log = RunLog(path, AGENT_ATTRS, AGENT_TABLES, AGENT_RAGGED, flush_seconds=0, resume_rows=rows)
+    assert not os.path.exists(path + UNDO)
+    n = rows["decisions"]
+    agent_rows(log, n, n + 5)
+    log.close("completed")
+    assert_rows(path, dict.fromkeys(rows, n + 5), exactly=True)
+    with h5py.File(path, "r") as f:  # a whole HDF5 file again, for any reader
+        assert f.attrs["status"] == "completed" and f["prompt/values"].compression == "gzip"
+
+
+def test_a_failed_flush_is_undone_and_its_rows_written_by_the_next(tmp_path, monkeypatch):
+    """A flush that raises half-way leaves the file as the last one did, and keeps its rows for the next."""
+    import rudder.logs.writer as writer
+
+    path = str(tmp_path / "rank-00000.h5")
+    log = RunLog(path, AGENT_ATTRS, AGENT_TABLES, AGENT_RAGGED, flush_seconds=0)
+    agent_rows(log, 0, 4)
+    log.flush()
+    with open(path, "rb") as f:
+        before = f.read()
+    agent_rows(log, 4, 9)
+    calls, extend = [], writer._extend
+
+    def failing(dataset, rows):
+        calls.append(dataset.name)
+        if len(calls) == 5:  # the tables and a text's values extended
+            raise OSError("disk full")
+        extend(dataset, rows)
+
+    monkeypatch.setattr(writer, "_extend", failing)
+    with pytest.raises(OSError, match="disk full"):
+        log.flush()
+    with open(path, "rb") as f:
+        assert f.read() == before
+    assert log.written["decisions"] == 4 and not os.path.exists(path + UNDO)
+    monkeypatch.setattr(writer, "_extend", extend)
+    log.close("completed")
+    assert_rows(path, dict.fromkeys(log.written, 9), exactly=True)
 
 
 def test_docs_list_every_column_with_its_meaning():

@@ -27,7 +27,7 @@ from rudder.logs.schema import (
     TRAINER_TABLES,
     upgrade,
 )
-from rudder.logs.writer import log_path
+from rudder.logs.writer import log_path, open_log
 
 
 class LogError(Exception):
@@ -109,9 +109,7 @@ def _texts(f, name: str) -> list[str]:
 
 def read_rank(path: str) -> RankLog:
     """One rank's log, read into memory and closed again (without HDF5's file lock, as a live log must be)."""
-    import h5py
-
-    with h5py.File(path, "r", locking=False) as f:
+    with open_log(path) as f:
         a = f.attrs
         if a.get("format") != FORMAT_NAME:
             raise LogError(f"{path}: not a Rudder run log (format {a.get('format')!r})")
@@ -177,12 +175,10 @@ def trainer_world_rank(trainer_rank: int, agent_ranks) -> int:
 def _layout_of(name: str, trainer_rank: int) -> dict:
     """The layout record of the log ``name``, opened for trainer ``trainer_rank``: a missing or
     foreign file is a one-line LogError naming it."""
-    import h5py
-
     if not os.path.isfile(name):
         raise LogError(f"{name}: missing (trainer {trainer_rank}'s log would be there)")
     try:
-        with h5py.File(name, "r", locking=False) as f:
+        with open_log(name) as f:
             if f.attrs.get("format") != FORMAT_NAME:
                 raise LogError(f"{name}: not a Rudder run log (format {f.attrs.get('format')!r})")
             return json.loads(f.attrs["layout"])
@@ -222,11 +218,9 @@ def trainer_log_path(path: str, trainer_rank: int) -> str:
 def trainer_table(path: str, trainer_rank: int) -> tuple[dict, np.ndarray]:
     """One trainer's run record and minibatch table, from its own log alone (what ``--policy
     replay`` needs on every trainer)."""
-    import h5py
-
     name = trainer_log_path(path, trainer_rank)
     try:
-        with h5py.File(name, "r", locking=False) as f:
+        with open_log(name) as f:
             return json.loads(f.attrs["run"]), upgrade(f["minibatches"][()], TRAINER_TABLES["minibatches"])
     except (OSError, KeyError, ValueError) as e:
         raise LogError(f"{name}: unreadable ({str(e).splitlines()[0][:120]})") from None

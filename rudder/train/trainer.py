@@ -36,7 +36,7 @@ from rudder.data.feature_store import FeatureStore
 from rudder.data.partition_store import halo_count, read_partition
 from rudder.logs import metrics
 from rudder.logs.schema import CPU_TIMERS, EPOCH_ROW, EPOCH_TIMERS, MINIBATCH_ROW, TRACE, TRAINER, TRAINER_TABLES, record, upgrade
-from rudder.logs.writer import RunLog, log_path
+from rudder.logs.writer import RunLog, log_path, open_log
 from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
 from rudder.prefetch.node_pool import gather_node_pool
@@ -264,9 +264,7 @@ class Trainer:
     def _resumed_epoch_rows(self) -> list:
         """The resumed epoch's minibatch rows logged before the checkpoint (for its epoch row), in
         this version's columns (a log begun by an older version has fewer)."""
-        import h5py
-
-        with h5py.File(self.log.path, "r", locking=False) as f:
+        with open_log(self.log.path) as f:
             rows = upgrade(f["minibatches"][()], MINIBATCH_ROW)
         return [r for r in rows if r["epoch"] == self.phases.position(self.start)[0]]
 
