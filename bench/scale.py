@@ -155,6 +155,9 @@ def analyse(run_dir: str, job: dict, parts: str, policy: str) -> dict:
                "train_peak_file": int(training["pss_file_bytes"].max()), "peak_anon": int(peak["pss_anon_bytes"]),
                "peak_file": int(peak["pss_file_bytes"]), "peak_shmem": int(peak["pss_shmem_bytes"]),
                "peak_rss": int(memory["peak_rss_bytes"].max()),
+               # the evaluation's high point beyond every earlier one (VmHWM): PSS samples, taken
+               # after it, miss what it held while it ran
+               "eval_rss_rise": int(max(0, memory["peak_rss_bytes"].max() - training["peak_rss_bytes"].max())),
                **{k: int(peak[k]) for k in ("graph_bytes", "features_bytes", "buffer_bytes", "model_bytes")},
                "owners_rma": float(steady["owners_rma"].mean()), "rows_rma": float(steady["rows_rma"].mean()),
                "bytes_rma": float((steady["bytes_rma"] + steady["adjacency_bytes_rma"]).mean()),
@@ -204,7 +207,7 @@ def point_summary(result: dict) -> dict:
            "imports_cpu": mean(r["imports_cpu"] for r in ranks), "startup_wall": mean(r["startup_wall"] for r in ranks),
            "phases": {p: (mean(r["phases"].get(p, (0, 0))[0] for r in ranks), mean(r["phases"].get(p, (0, 0))[1]
                                                                                   for r in ranks)) for p in phases}}
-    for key in ("peak_pss", "peak_anon", "peak_file", "peak_shmem", "peak_rss", "runtime_anon", "runtime_file",
+    for key in ("peak_pss", "peak_anon", "peak_file", "peak_shmem", "peak_rss", "eval_rss_rise", "runtime_anon", "runtime_file",
                 "runtime_shmem", "graph_bytes", "features_bytes", "buffer_bytes", "model_bytes", "owners_rma", "rows_rma",
                 "bytes_rma", "t_rma", "input_nodes", "epoch_seconds", "eval_seconds", "gets", "flushes", "datatypes",
                 "polls", "get_bytes", "collective_bytes", "all_calls", "eval_gets", "eval_get_bytes", "eval_collectives",
@@ -254,7 +257,8 @@ def print_tables(series: dict) -> None:
             coll = ", ".join(f"{k[4:]} {v:.1f}" for k, v in s.get("collectives", {}).items())
             print(f"  P={p}: phases wall/CPU s: {phases}; a node's first trainer {s['startup_cpu_node_first']:.2f} CPU s "
                   f"(imports aside), the rest {s['startup_cpu_others']:.2f}; peak PSS max {s['peak_pss_max'] / MB:.1f} MB, "
-                  f"peak RSS {s['peak_rss'] / MB:.1f} MB; start-up collectives {s.get('startup_collectives', 0):.0f}, "
+                  f"peak RSS {s['peak_rss'] / MB:.1f} MB (the evaluation's {s.get('eval_rss_rise', 0) / MB:.1f} MB "
+                  f"above training's); start-up collectives {s.get('startup_collectives', 0):.0f}, "
                   f"start-up CPU inside MPI {s.get('startup_cpu_in_mpi', float('nan')):.2f} s, outside "
                   f"{s.get('startup_cpu_outside_mpi', float('nan')):.2f} s (imports aside), "
                   f"agent build {s['agent_build_s']:.2f} s, trainers waited {s['agent_wait_s']:.2f} s for it")

@@ -2,8 +2,9 @@
 equals full-neighbour inference of the same parameters on the whole graph in one process (DGL's
 MultiLayerFullNeighborSampler and DGL's SAGEConv); k-hop inference gives layer-wise's logits bit
 for bit, in one minibatch or several, and in one reads each row of its scored nodes' L-hop
-in-neighbourhood once (that neighbourhood computed here from the partition files); sampled
-inference reads a part of it."""
+in-neighbourhood once (that neighbourhood computed here from the partition files), also when its
+layers aggregate a few in-edges a call (as a hub's neighbourhood is, rudder.train.evaluation's
+EVAL_CHUNK_EDGES); sampled inference reads a part of it."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,12 +28,14 @@ def in_neighbourhood(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray,
 
 @pytest.mark.parametrize("impl", ["torch", "dgl"])
 @pytest.mark.parametrize("num_layers", [2, 3])
-def test_layerwise_equals_full_graph_inference_and_khop_reads_only_the_neighbourhood(tmp_path_factory, num_layers, impl):
+def test_layerwise_equals_full_graph_inference_and_khop_reads_only_the_neighbourhood(tmp_path_factory, monkeypatch,
+                                                                                    num_layers, impl):
     from rudder.comm.layout import build_layout, exposer_table
     from rudder.data.adjacency import Adjacency
     from rudder.data.dgl_bridge import load_dgl
     from rudder.data.feature_store import FeatureStore
     from rudder.data.partition_store import PartitionMeta, global_csr, read_features, read_partition
+    from rudder.train import evaluation
     from rudder.train.evaluation import Evaluator
     from rudder.train.model import GraphSAGE
 
@@ -56,6 +59,9 @@ def test_layerwise_equals_full_graph_inference_and_khop_reads_only_the_neighbour
     everything = 10**6  # scored nodes per minibatch: all of them in one
     layerwise, khop, chunked, sampled, auto = (evaluate(*a) for a in (("layerwise",), ("khop", everything), ("khop",),
                                                                        ("sampled", everything), ("auto",)))
+    monkeypatch.setattr(evaluation, "EVAL_CHUNK_EDGES", 100)  # some 25 of Cora's nodes a call (about 4 in-edges each)
+    khop_pieces, layerwise_pieces = evaluate("khop", everything), evaluate("layerwise")
+    monkeypatch.undo()
     adjacency.close()
     features.close()
 
@@ -66,11 +72,15 @@ def test_layerwise_equals_full_graph_inference_and_khop_reads_only_the_neighbour
     for name in sets:
         np.testing.assert_array_equal(khop.logits[name], layerwise.logits[name], err_msg=name)
         np.testing.assert_array_equal(chunked.logits[name], layerwise.logits[name], err_msg=name)
+        np.testing.assert_array_equal(khop_pieces.logits[name], layerwise.logits[name], err_msg=name)
+        np.testing.assert_array_equal(layerwise_pieces.logits[name], layerwise.logits[name], err_msg=name)
     assert khop.accuracy == layerwise.accuracy and (khop.inference, layerwise.inference) == ("khop", "layerwise")
     needed = in_neighbourhood(indptr, indices, np.concatenate(list(sets.values())), num_layers)
     other = int(np.count_nonzero((needed < part.node_start) | (needed >= part.node_end)))
     assert khop.reads.rows_local == needed.size - other
     assert khop.reads.rows_shared + khop.reads.rows_remote == other
+    rows = ("rows_local", "rows_shared", "rows_remote", "bytes_remote")  # the same rows read once, whatever the pieces
+    assert [getattr(khop_pieces.reads, k) for k in rows] == [getattr(khop.reads, k) for k in rows]
     assert chunked.reads.rows_shared + chunked.reads.rows_remote >= other
     # sampled (3 neighbours a layer here): a part of that neighbourhood; auto: one of the exact two
     assert sampled.inference == "sampled" and sampled.reads.rows_shared + sampled.reads.rows_remote <= other

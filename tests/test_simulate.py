@@ -261,6 +261,27 @@ def test_plan_figures_follow_the_partition_metadata(cora8):
     assert "sbatch -N 2 jobscripts/cpu.sbatch" in p["launch"]["sbatch"]
 
 
+def test_plan_evaluation_term_is_what_a_layerwise_batch_holds(cora8):
+    """rudder.plan's evaluation term for ``layerwise`` (one batch of every own node) counts the
+    rows and in-edges that the evaluation's reader holds for that batch, as it reads them here
+    from the partitions: its sources are the part and its halo, its in-edges the part's, a chunk
+    of them read at once."""
+    from rudder.plan import estimate
+    from rudder.plan.graphs import from_partitions
+    from rudder.sampling.neighbors import EVAL_CHUNK_EDGES, full_neighbourhood
+    from rudder.sim.transport import Graph, SimulatedAdjacency
+    from rudder.train.config import TrainConfig
+
+    graph, shape = Graph(cora8), from_partitions(cora8)
+    cfg = TrainConfig.from_flat({"data": cora8, "run_dir": "(planned)", "eval_inference": "layerwise"})
+    for pid, part in enumerate(shape.parts):
+        own = np.arange(graph.offsets[pid], graph.offsets[pid + 1])
+        read = full_neighbourhood(SimulatedAdjacency(graph, pid, None, 0, replicated=True), own, 1, EVAL_CHUNK_EDGES)
+        held = (4 * part.owned * cfg.model.hidden + read.input_nodes.size * (4 * shape.feat_dim + estimate.EVAL_NODE_BYTES)
+                + 4 * read.num_edges + min(EVAL_CHUNK_EDGES, read.num_edges) * estimate.EVAL_EDGE_BYTES)
+        assert estimate.evaluation_bytes(shape, part, cfg) == held, pid
+
+
 def test_plan_from_published_statistics_prints(capsys):
     from rudder.plan.cli import main
 

@@ -13,8 +13,12 @@ Memory (PSS, what a rank adds to its node), by owner:
   are per slot and per halo node), so a policy's buffer class is costed by its own code;
 * minibatches in flight: the pipeline's prepared minibatches (depth + 1) with their float32 inputs
   and blocks, from the simulator's sampling where it can sample the graph;
-* evaluation (transient, after an epoch): the hidden layer's window over the rank's own nodes and
-  the float32 input rows an evaluation holds (``evaluation_rows``).
+* evaluation (transient, after an epoch, given back when it ends): what the evaluation holds at
+  its high point (``evaluation_bytes``), the inference ``auto`` would take decided as the trainers
+  decide it: ``layerwise`` a hidden layer's window over the rank's own nodes and one batch's
+  1-hop in-neighbourhood, ``khop`` a minibatch's L-hop one, each held as float32 rows and 4 bytes
+  an in-edge, with at most ``EVAL_CHUNK_EDGES`` in-edges being read or aggregated at once;
+  ``auto`` first counts every minibatch's neighbourhood, its nodes only.
 
 Start-up file I/O: the metadata, the part file's checksum (the rank exposing the part, with
 ``--verify-data``), the node and halo arrays, the own CSR (distributed) or every part's CSR (the
@@ -32,6 +36,7 @@ from rudder.data.adjacency import REPLICATE_MAX_BYTES
 from rudder.plan.graphs import HALO_FILE_BYTES, NODE_FILE_BYTES, GraphShape, Part
 from rudder.prefetch.buffers import BufferSettings
 from rudder.prefetch.policies import make_policy
+from rudder.sampling.neighbors import EVAL_CHUNK_EDGES
 from rudder.train.footprint import array_bytes
 
 # In memory: the node arrays as read (labels, masks, original IDs, in-degrees), the halo's three
@@ -40,6 +45,11 @@ NODE_BYTES = NODE_FILE_BYTES
 HALO_BYTES = HALO_FILE_BYTES + 8
 SEED_BYTES = 8  # the training nodes' IDs
 BLOCK_EDGE_BYTES = 16  # a sampled edge in a block: source and destination positions (int64)
+# An evaluation's in-edge while it is read (positions, owners, IDs, local indices: int64 arrays
+# and their temporaries) or aggregated: RMAT-16's layer-wise batch of 117k in-edges at P = 16 rose
+# 16.8 MB over its start, 10.9 MB of it the batch's float32 rows (docs/evaluation.md)
+EVAL_EDGE_BYTES = 50
+EVAL_NODE_BYTES = 32  # a neighbourhood's node while read (ID, sorted ID, local index, the IDs in order)
 
 
 @dataclass(frozen=True)
@@ -165,20 +175,61 @@ def sampled_minibatches(cfg, sim_result: dict, part_id: int) -> Minibatches:
                        float(sampled.edges[epoch].mean()), float(rows.sum()), float(cols["rows_rma"][epoch].sum()), True)
 
 
-def evaluation_rows(graph: GraphShape, part: Part, cfg) -> float:
-    """Input rows an evaluation holds at once: ``khop`` (and ``auto``, where it reads less) the
-    scored nodes' full L-hop in-neighbourhood, ``layerwise`` one batch's in-neighbours, ``sampled``
-    the scored nodes' neighbourhood at the training fanouts (drawn as estimated_minibatches does)."""
+def neighbourhood(graph: GraphShape, part: Part, cfg, sampled: bool = False) -> tuple[float, float]:
+    """(nodes, in-edges) of an evaluation minibatch's L-hop in-neighbourhood (every neighbour, or
+    with ``sampled`` the training fanouts), ``eval_batch_size`` of the part's scored nodes, its
+    neighbours drawn uniformly over the graph as estimated_minibatches draws them."""
     degree = graph.num_edges / graph.num_nodes
-    how = cfg.training.eval_inference
-    if how == "layerwise":
-        return distinct(min(cfg.training.eval_batch_size, part.owned) * (1 + degree), graph.num_nodes)
-    frontier = inputs = float(part.val + part.test)
+    frontier = inputs = float(min(part.val + part.test, cfg.training.eval_batch_size))
+    edges = 0.0
     for fanout in reversed(cfg.sampling.fanouts):
-        draws = frontier * (degree if how != "sampled" or fanout < 0 else min(fanout, degree))
+        draws = frontier * (degree if not sampled or fanout < 0 else min(fanout, degree))
+        edges += draws
         grown = distinct(inputs + draws, graph.num_nodes)
         frontier, inputs = max(0.0, grown - inputs), grown
-    return inputs
+    return inputs, edges
+
+
+def khop_reads_less(graph: GraphShape, cfg) -> bool:
+    """``auto``'s choice as the trainers make it (rudder.train.evaluation, ``_khop_reads_less``), from
+    the estimated neighbourhoods: over all parts, the feature bytes ``khop`` reads from other parts
+    against ``layerwise``'s (the halo's rows at each hidden layer's input, then the scored nodes'
+    remote in-neighbours' last hidden rows)."""
+    feature = graph.row_bytes
+    hidden = [4 * cfg.model.hidden] * (len(cfg.sampling.fanouts) - 1)
+    in_bytes = [feature] + hidden[:-1] + hidden[-1:]  # each layer's input row (the last: a hidden row)
+    khop = layerwise = 0.0
+    for part in graph.parts:
+        remote = 1 - part.owned / graph.num_nodes
+        nodes, _ = neighbourhood(graph, part, cfg)
+        scored = float(part.val + part.test)
+        first_hop = distinct(scored * (1 + graph.num_edges / graph.num_nodes), graph.num_nodes)
+        batches = math.ceil(scored / cfg.training.eval_batch_size) if scored else 0
+        khop += batches * nodes * remote * feature
+        layerwise += part.halo * sum(in_bytes[:-1]) + first_hop * remote * in_bytes[-1]
+    return khop <= layerwise
+
+
+def evaluation_bytes(graph: GraphShape, part: Part, cfg, inference: str | None = None) -> int:
+    """What an evaluation holds at its high point above the training's (``inference``: the one
+    ``auto`` takes, else decided here): see the module's docstring."""
+    how = inference or cfg.training.eval_inference
+    nodes, edges = neighbourhood(graph, part, cfg, sampled=how == "sampled")
+    row, chunk = 4 * graph.feat_dim, min(EVAL_CHUNK_EDGES, edges) * EVAL_EDGE_BYTES  # the in-edges read at once
+    if how == "auto":
+        chosen = "khop" if khop_reads_less(graph, cfg) else "layerwise"
+        return max(chunk + int(nodes * EVAL_NODE_BYTES), evaluation_bytes(graph, part, cfg, chosen))
+    if how == "layerwise":  # the hidden layer's window and a batch of eval_batch_size own nodes
+        batch = min(part.owned, cfg.training.eval_batch_size)
+        batch_edges = part.in_edges * batch / max(part.owned, 1)
+        # its sources: the whole part and its halo, or as many as a batch's in-edges reach
+        rows = part.owned + part.halo if batch == part.owned else \
+            max(batch, distinct(batch + batch_edges, part.owned + part.halo))
+        return int(4 * part.owned * cfg.model.hidden + rows * (row + EVAL_NODE_BYTES) + 4 * batch_edges
+                   + min(EVAL_CHUNK_EDGES, batch_edges) * EVAL_EDGE_BYTES)
+    if how == "sampled":  # the sampler's minibatch, whole
+        return int(nodes * (row + EVAL_NODE_BYTES) + edges * EVAL_EDGE_BYTES)
+    return int(nodes * (row + EVAL_NODE_BYTES) + 4 * edges + chunk)  # khop: its rows and edges held, a chunk read
 
 
 def memory(graph: GraphShape, part: Part, cfg, layout: Layout, mb: Minibatches, runtime: Runtime = RUNTIME) -> dict:
@@ -188,11 +239,10 @@ def memory(graph: GraphShape, part: Part, cfg, layout: Layout, mb: Minibatches, 
     csr = 8 * (part.owned + 1 + part.in_edges) if topo == "distributed" else graph.csr_bytes // layout.trainers_per_node
     buffer, _ = buffer_bytes(cfg, part, graph.num_nodes, dim)
     in_flight = (cfg.sampling.prefetch_depth + 1) * (mb.input_nodes * 4 * dim + mb.sampled_edges * BLOCK_EDGE_BYTES)
-    eval_inputs = evaluation_rows(graph, part, cfg)
     return {"runtime": runtime.pss(layout.ranks_per_host), "model": 16 * model_params(graph, cfg),
             "graph": NODE_BYTES * part.owned + HALO_BYTES * part.halo + SEED_BYTES * part.train + csr,
             "features": part.owned * row, "buffer": buffer, "minibatches": int(in_flight),
-            "evaluation": int(4 * part.owned * cfg.model.hidden + eval_inputs * 4 * dim)}
+            "evaluation": evaluation_bytes(graph, part, cfg)}
 
 
 def startup_io(graph: GraphShape, part: Part, cfg, first_of_node: bool) -> dict:

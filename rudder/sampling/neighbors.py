@@ -103,3 +103,128 @@ class NeighborSampler:
             layers.insert(0, Layer(src_index, row, src_nodes.size, dst_nodes.size))
             dst_nodes = src_nodes
         return SampledMinibatch(seeds, dst_nodes, layers, stats)
+
+
+# In-edges an evaluation reads, or aggregates in one layer call, at once (rudder.train.evaluation;
+# here for rudder.plan, which imports no MPI): the full neighbourhood of a graph with hubs has far
+# more edges than nodes (RMAT-16's 1,687 scored nodes a trainer at P = 16: 46k input nodes, 1.57M
+# in-edges), and the sampler held about 60 bytes an edge of it (95 MB) while reading it whole
+EVAL_CHUNK_EDGES = 1 << 17
+
+
+def edge_chunks(degrees: np.ndarray, max_edges: int, max_nodes: int | None = None) -> list[tuple[int, int]]:
+    """Consecutive ranges [a, b) over nodes of in-degrees ``degrees``, in order, each of at most
+    ``max_edges`` in-edges (a node of more: alone) and ``max_nodes`` nodes."""
+    ends = np.cumsum(np.asarray(degrees, dtype=np.int64))
+    n, limit = ends.size, max_nodes or ends.size or 1
+    bounds, a = [], 0
+    while a < n:
+        base = int(ends[a - 1]) if a else 0
+        b = int(np.searchsorted(ends, base + max_edges, side="right"))
+        b = min(max(b, a + 1), a + limit, n)
+        bounds.append((a, b))
+        a = b
+    return bounds
+
+
+class Numbering:
+    """Local indices of global IDs, numbered by first appearance as ``with_new_nodes`` numbers
+    them, over neighbours given a chunk at a time: the destination nodes first (distinct), then
+    each unseen neighbour as it first comes. Holds 16 bytes a node, nothing a neighbour."""
+
+    def __init__(self, first: np.ndarray):
+        first = np.asarray(first, dtype=np.int64)
+        self.pieces, self.size = [first], first.size
+        order = np.argsort(first, kind="stable")
+        self.sorted, self.local = first[order], order.astype(np.int64)
+
+    def add(self, ids: np.ndarray) -> np.ndarray:
+        """The local index of each of ``ids`` (numbering the unseen ones)."""
+        codes, uniques = pd.factorize(np.asarray(ids, dtype=np.int64))  # by first appearance: hashed, not sorted
+        uniques = np.asarray(uniques, dtype=np.int64)
+        local = np.empty(uniques.size, dtype=np.int64)
+        known = np.zeros(uniques.size, dtype=bool)
+        if self.sorted.size:
+            at = np.minimum(np.searchsorted(self.sorted, uniques), self.sorted.size - 1)
+            known = self.sorted[at] == uniques
+            local[known] = self.local[at[known]]
+        unseen = uniques[~known]  # still in order of first appearance
+        if unseen.size:
+            local[~known] = self.size + np.arange(unseen.size)
+            order = np.argsort(unseen)
+            where = np.searchsorted(self.sorted, unseen[order])
+            self.sorted = np.insert(self.sorted, where, unseen[order])
+            self.local = np.insert(self.local, where, self.size + order)
+            self.pieces.append(unseen)
+            self.size += unseen.size
+        return local[codes]
+
+    def nodes(self) -> np.ndarray:
+        return np.concatenate(self.pieces)
+
+
+@dataclass
+class Neighbourhood:
+    """Minibatch layers held compactly, input side first: layer l's source nodes are
+    ``input_nodes[:sizes[l]]`` and its destinations ``input_nodes[:sizes[l + 1]]`` (every layer's
+    sources begin with its destinations; ``sizes[-1]``: the seeds), its in-edges grouped by
+    destination (``indptr[l]``), each edge's source a local index into the layer's sources
+    (``src[l]``, int32 where the graph's IDs fit, None where not kept)."""
+    input_nodes: np.ndarray
+    sizes: list[int]
+    indptr: list[np.ndarray]
+    src: list[np.ndarray | None]
+    stats: ReadStats = field(default_factory=ReadStats)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.indptr)
+
+    @property
+    def num_edges(self) -> int:
+        return int(sum(int(p[-1]) for p in self.indptr))
+
+    def layer(self, i: int, a: int = 0, b: int | None = None) -> Layer:
+        """Layer i with only destinations [a, b)'s in-edges (all of them by default), over all of
+        its sources and destinations: a piece of the layer computes the same rows as the whole."""
+        indptr, b = self.indptr[i], self.sizes[i + 1] if b is None else b
+        lo, hi = int(indptr[a]), int(indptr[b])
+        dst = np.repeat(np.arange(a, b, dtype=np.int64), np.diff(indptr[a:b + 1]))
+        return Layer(self.src[i][lo:hi].astype(np.int64), dst, self.sizes[i], self.sizes[i + 1])
+
+    @classmethod
+    def of(cls, mb: SampledMinibatch) -> Neighbourhood:
+        """A sampled minibatch's layers (whose edges come grouped by destination), held so."""
+        indptr = [np.concatenate([[0], np.cumsum(np.bincount(layer.dst, minlength=layer.num_dst))]).astype(np.int64)
+                  for layer in mb.layers]
+        return cls(mb.input_nodes, [layer.num_src for layer in mb.layers] + [mb.layers[-1].num_dst], indptr,
+                   [layer.src for layer in mb.layers], mb.stats)
+
+
+def full_neighbourhood(adjacency, seeds: np.ndarray, hops: int, max_edges: int, keep_edges: bool = True) -> Neighbourhood:
+    """The ``hops``-hop in-neighbourhood of ``seeds`` with every neighbour: what
+    ``NeighborSampler(adjacency, [-1] * hops).sample(seeds)`` gives (the same nodes in the same
+    order, the same edges), built reading the neighbours of at most ``max_edges`` in-edges at a
+    time (a node of more: alone) and keeping each edge as a 4-byte source index (none without
+    ``keep_edges``), so that a hub's neighbourhood is never materialised as whole edge lists: the
+    sampler holds about 60 bytes an edge of its outermost hop while it builds it."""
+    seeds = np.asarray(seeds, dtype=np.int64)
+    stats, dst, sizes, indptrs, srcs = ReadStats(), seeds, [seeds.size], [], []
+    for _ in range(hops):
+        parts, start, degree = adjacency.rows(dst, stats)
+        numbering = Numbering(dst)
+        total = int(degree.sum())
+        src = np.empty(total, dtype=np.int32 if total and dst.size + total < 2**31 else np.int64) if keep_edges else None
+        at = 0
+        for a, b in edge_chunks(degree, max_edges):
+            row, pos = sample_positions(degree[a:b], -1, None)  # every neighbour: no draw
+            neighbours = adjacency.neighbours(parts[a:b][row], start[a:b][row] + pos, stats)
+            local = numbering.add(neighbours)
+            if src is not None:
+                src[at:at + local.size] = local
+            at += local.size
+        indptrs.insert(0, np.concatenate([[0], np.cumsum(degree)]).astype(np.int64))
+        srcs.insert(0, src)
+        dst = numbering.nodes()
+        sizes.insert(0, dst.size)
+    return Neighbourhood(dst, sizes, indptrs, srcs, stats)

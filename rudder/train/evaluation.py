@@ -21,12 +21,22 @@ nodes, not on the model), ``layerwise`` otherwise: ``khop`` wins where the score
 (papers100M scores 0.3% of its nodes), ``layerwise`` where they are a large share of the graph,
 whose L-hop neighbourhood then spans rows two hops away that ``layerwise`` never reads.
 
+Memory: a neighbourhood is read and aggregated ``EVAL_CHUNK_EDGES`` in-edges at a time
+(``rudder.sampling.neighbors.full_neighbourhood``) and held as its nodes, their rows and a 4-byte
+source index an edge, never as whole edge lists: on a graph with hubs the full neighbourhood has
+far more edges than nodes (RMAT-16, P = 16: 1.57M in-edges to 46k nodes a trainer), and reading it
+whole held about 60 bytes an edge. The evaluation's freed pages go back to the system when it
+ends (glibc kept them otherwise, in the rank's PSS). docs/evaluation.md has the figures.
+
 The logits of ``khop`` and ``layerwise`` are the same function of the same rows: each node's
-neighbours are summed in the same order (tested bit for bit). Collective over the trainers; the
-accuracy is the same on every rank.
+neighbours are summed in the same order (tested bit for bit), and a layer aggregated a chunk of
+in-edges at a time still multiplies matrices of the whole layer's shape. Collective over the
+trainers; the accuracy is the same on every rank.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -38,10 +48,30 @@ from rudder.comm import gate
 from rudder.comm.dist_array import DistributedArray, ReadStats
 from rudder.data.feature_store import NodeRows
 from rudder.logs.schema import EVAL_INFERENCES
-from rudder.sampling.neighbors import NeighborSampler, SampledMinibatch
+from rudder.sampling.neighbors import EVAL_CHUNK_EDGES, NeighborSampler, Neighbourhood, edge_chunks, full_neighbourhood
 from rudder.sampling.schedule import my_share
 
 SAMPLED_STREAM = 3  # the sampled inference's random stream, apart from training's (seed, trainer)
+
+
+def give_back_heap() -> bool:
+    """Return the allocator's free pages to the system (glibc's ``malloc_trim(0)``): the
+    evaluation's arrays, once freed, stay in glibc's heap otherwise and count in the rank's PSS
+    (25 MB a trainer at RMAT-16, P = 16). False where there is no glibc."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+            _TRIM.argtypes, _TRIM.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):
+            _TRIM = False
+    if not _TRIM:
+        return False
+    _TRIM(0)
+    return True
+
+
+_TRIM = None
 
 
 @dataclass
@@ -75,10 +105,11 @@ class Evaluator:
         result = Evaluation({}, self.inference)
         every = [-1] * len(model.layers)
         if self.inference == "auto":  # decided once: the same graph and seeds every time
-            # counted one neighbourhood at a time, then sampled again if khop is chosen (every
-            # neighbour: the same minibatches), so that no more than one is held at once
-            counting = self._neighbourhoods(every, result.adjacency)
+            # counted one neighbourhood at a time, its nodes only, then read again if khop is
+            # chosen (every neighbour: the same minibatches), so that no more than one is held at once
+            counting = self._neighbourhoods(every, result.adjacency, keep_edges=False)
             self.inference = "khop" if self._khop_reads_less(counting, model.widths) else "layerwise"
+            give_back_heap()  # the count's pages, before the inference needs its own
         result.inference = self.inference
         if self.inference == "layerwise":
             logits = self._layerwise(model, result, progress)
@@ -96,21 +127,28 @@ class Evaluator:
         result.accuracy = {name: float(counts[2 * i] / counts[2 * i + 1]) if counts[2 * i + 1] else float("nan")
                            for i, name in enumerate(self.eval_sets)}
         model.train(was_training)
+        give_back_heap()  # the evaluation's freed arrays, before the rank's memory is sampled
         return result
 
     # -- khop and sampled ----------------------------------------------------------------------
-    def _neighbourhoods(self, fanouts: list[int], stats: ReadStats, sampled: bool = False):
+    def _neighbourhoods(self, fanouts: list[int], stats: ReadStats, sampled: bool = False, keep_edges: bool = True):
         """The L-hop in-neighbourhood (every neighbour, or ``fanouts`` of them) of each minibatch
-        of ``batch_size`` scored nodes, as the sampler's layers (layer l's destinations: the nodes
-        within L-1-l hops of the minibatch's), one minibatch at a time."""
-        sampler = NeighborSampler(self.adjacency, fanouts,
-                                  seed=[self.seed, SAMPLED_STREAM, self.layout.trainer_rank] if sampled else 0)
+        of ``batch_size`` scored nodes, as its layers (layer l's destinations: the nodes within
+        L-1-l hops of the minibatch's), one minibatch at a time; every neighbour read a bounded
+        number of edges at a time (``full_neighbourhood``), its edges kept only with ``keep_edges``."""
+        sampler = NeighborSampler(self.adjacency, fanouts, seed=[self.seed, SAMPLED_STREAM, self.layout.trainer_rank]) \
+            if sampled else None
         for lo in range(0, self.scored.size, self.batch_size):
-            mb = sampler.sample(self.scored[lo:lo + self.batch_size])
+            seeds = self.scored[lo:lo + self.batch_size]
+            if sampler is not None:
+                mb = Neighbourhood.of(sampler.sample(seeds))
+            else:
+                mb = full_neighbourhood(self.adjacency, seeds, len(fanouts), EVAL_CHUNK_EDGES, keep_edges=keep_edges)
             stats.add(mb.stats)
             yield mb
+            del mb  # not held while the next one is read
 
-    def _khop_reads_less(self, neighbourhoods: Iterable[SampledMinibatch], widths: list[int]) -> bool:
+    def _khop_reads_less(self, neighbourhoods: Iterable[Neighbourhood], widths: list[int]) -> bool:
         """Over all trainers: the bytes ``khop`` reads (the feature rows of its neighbourhoods'
         outermost nodes that other partitions own) against those ``layerwise`` would: each hidden
         layer's input rows of the halo (split among the partition's trainers), the features' at
@@ -123,7 +161,7 @@ class Evaluator:
         # prefix of its input nodes (every layer's sources begin with its destinations)
         first_hop = outer = 0
         for mb in neighbourhoods:
-            first_hop += self._other(mb.input_nodes[:mb.layers[-1].num_src])
+            first_hop += self._other(mb.input_nodes[:mb.sizes[-2]])
             outer += self._other(mb.input_nodes)
         layerwise = p.halo_nodes.size * share * sum(in_bytes[:-1]) + first_hop * in_bytes[-1]
         khop = outer * feature_bytes
@@ -137,23 +175,42 @@ class Evaluator:
 
     def _over_neighbourhoods(self, model, neighbourhoods, result: Evaluation, progress) -> np.ndarray:
         """Logits of the scored nodes, a minibatch at a time from its neighbourhood: its input rows
-        read once, then each layer over its own destinations."""
+        read once and held, then each layer over its own destinations."""
         logits = [np.zeros((0, model.widths[-1]), dtype=np.float32)]
         for mb in neighbourhoods:
             x, reads = self.features.gather(mb.input_nodes)
             result.reads.add(reads)
-            h = torch.from_numpy(x).to(self.device)
-            for layer, block in enumerate(model.blocks(mb.layers, backward=False)):
-                h = model.layer_forward(layer, block.to(self.device), h)
-            logits.append(h.cpu().numpy())
+            logits.append(self._forward(model, mb, torch.from_numpy(x).to(self.device)).cpu().numpy())
+            del mb, x
             progress()
         return np.concatenate(logits)
+
+    def _forward(self, model, mb: Neighbourhood, h: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """Layers ``first``, ``first`` + 1, ... over ``mb``'s layers from its input rows ``h``, each
+        layer call aggregating at most ``EVAL_CHUNK_EDGES`` in-edges: a call over a few
+        destinations' in-edges still computes every destination's row over all the layer's sources
+        and keeps those whose edges it had, so that each matrix product has the shape, and its rows
+        the bits, of the whole layer's (torch's CPU products give other bits to a product of fewer
+        rows), and each row sums the same neighbours in the same order."""
+        for i in range(mb.num_layers):
+            pieces = edge_chunks(np.diff(mb.indptr[i]), EVAL_CHUNK_EDGES)
+            if len(pieces) <= 1:
+                h = self._piece_forward(model, first + i, mb.layer(i), h)
+                continue
+            out = torch.empty((mb.sizes[i + 1], model.widths[first + i + 1]), dtype=torch.float32, device=self.device)
+            for a, b in pieces:
+                out[a:b] = self._piece_forward(model, first + i, mb.layer(i, a, b), h)[a:b]
+            h = out
+        return h
+
+    def _piece_forward(self, model, layer: int, piece, h: torch.Tensor) -> torch.Tensor:
+        block = model.blocks([piece], backward=False)[0].to(self.device)
+        return model.layer_forward(layer, block, h)
 
     # -- layerwise -----------------------------------------------------------------------------
     def _layerwise(self, model, result: Evaluation, progress) -> np.ndarray:
         """Every hidden layer for every owned node, then the last layer for the scored ones."""
         layout, meta, part = self.layout, self.meta, self.partition
-        full = NeighborSampler(self.adjacency, [-1], seed=0)  # no randomness with every neighbour
         num_layers, pid, start = len(model.layers), layout.partition_id, part.node_start
         owned = np.arange(part.node_start, part.node_end, dtype=np.int64)
         # In node mode the node's trainers write into the exposer's segment through shared memory,
@@ -168,7 +225,7 @@ class Evaluator:
             mine = my_share(owned, layout) if shared_ok else (owned if rows.own.shape[0] else owned[:0])
             for lo in range(0, mine.size, self.batch_size):
                 dst = mine[lo:lo + self.batch_size]
-                target[dst - start] = self._layer_output(model, layer, full, current, dst, result).cpu().numpy()
+                target[dst - start] = self._layer_output(model, layer, current, dst, result).cpu().numpy()
                 progress()
             rows.publish()
             if hidden_rows is not None:
@@ -177,20 +234,20 @@ class Evaluator:
         logits = np.zeros((self.scored.size, model.widths[-1]), dtype=np.float32)
         for lo in range(0, self.scored.size, self.batch_size):
             dst = self.scored[lo:lo + self.batch_size]
-            logits[lo:lo + dst.size] = self._layer_output(model, num_layers - 1, full, current, dst, result).cpu().numpy()
+            logits[lo:lo + dst.size] = self._layer_output(model, num_layers - 1, current, dst, result).cpu().numpy()
             progress()
         if hidden_rows is not None:
             hidden_rows.close()
         return logits
 
-    def _layer_output(self, model, layer: int, full: NeighborSampler, inputs: NodeRows, dst: np.ndarray,
-                      result: Evaluation) -> torch.Tensor:
-        mb = full.sample(dst)
+    def _layer_output(self, model, layer: int, inputs: NodeRows, dst: np.ndarray, result: Evaluation) -> torch.Tensor:
+        """Layer ``layer`` of the nodes ``dst`` from their in-neighbours' rows in ``inputs`` (every
+        neighbour: no randomness), its in-edges read and aggregated a bounded number at a time."""
+        mb = full_neighbourhood(self.adjacency, dst, 1, EVAL_CHUNK_EDGES)
         result.adjacency.add(mb.stats)
         x, reads = inputs.gather(mb.input_nodes)
         result.reads.add(reads)
-        block = model.blocks(mb.layers, backward=False)[0].to(self.device)  # no backward: no out-edges
-        return model.layer_forward(layer, block, torch.from_numpy(x).to(self.device))
+        return self._forward(model, mb, torch.from_numpy(x).to(self.device), first=layer)
 
 
 __all__ = ["EVAL_INFERENCES", "Evaluation", "Evaluator"]
