@@ -19,7 +19,10 @@ way, and only then enters the call under the lock: by then every peer has reache
 each peer's lock is held only for calls that return without waiting on a rank, so the call waits
 for nothing but the peers' locks. ``MPI_Abort`` is exempt: it ends the process. The RMA progress
 thread (``rudder.comm.progress``) takes the lock only when it is free (``Gate.poke``), for one
-progress call that returns at once.
+progress call that returns at once. Every MPI call of a rank's start-up follows the discipline
+too, so the thread can run from the rank's first RMA window on; until ``started``, a
+collective's meeting sleeps longer between tests (``STARTING_SLEEP``): start-up waits are long
+(ranks finish their imports and file reads seconds apart) and no minibatch waits on them.
 
 ``--mpi-lock off`` (``enable(False)``) turns the discipline off, the code's behaviour before it
 (for measuring its cost side by side, and for the stress harness's bisection). Whether the
