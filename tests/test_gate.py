@@ -154,18 +154,19 @@ def test_a_read_from_an_owner_computing_outside_mpi_ends_before_its_compute(tmp_
     assert took["thread"][0] < 0.5 * took["thread"][1], f"the read waited for the owner's compute: {took}"
 
 
-def cora_jobs(parts, run, lock: str) -> list[str]:
+def cora_jobs(parts, run, lock: str, topology: str = "replicated") -> list[str]:
     return ["--data", parts, "--run-dir", run, "--policy", "fixed", "--delta", "3", "--epochs", "2", "--batch-size", "8",
             "--mpi-wait", "spin", "--mpi-lock", lock, "--checkpoint-every", "5", "--eval-every", "1", "--progress", "none",
-            "--rma-progress", "thread", "--buffer-sharing", "node", "--topology", "replicated"]
+            "--rma-progress", "thread", "--buffer-sharing", "node", "--topology", topology]
 
 
 def test_training_with_the_lock_never_has_two_threads_in_mpi_and_trains_as_without(tmp_path):
     """Cora at 4 ranks on 2 emulated nodes, ``spin`` waits, with the evaluation's windows and a
     checkpoint's barrier beside the pipeline thread, and the RMA progress thread running from the
     feature windows on, through the rest of the start-up (the node's shared buffer, its pool and its
-    replicated CSR, all built collectively): with the lock, no MPI call of any rank began while
-    another thread of it was inside MPI; without it, the same losses bit for bit."""
+    replicated CSR, all built collectively; a second job with the CSR in RMA windows instead): with
+    the lock, no MPI call of any rank began while another thread of it was inside MPI; without it,
+    the same losses bit for bit."""
     shim = mpi_overlap.build(str(tmp_path / "shim"))
     if shim is None:
         pytest.skip("the overlap shim needs x86-64 Linux, gcc, nm and the mpich wheel's libmpi")
@@ -175,8 +176,9 @@ def test_training_with_the_lock_never_has_two_threads_in_mpi_and_trains_as_witho
     assert proc.returncode == 0, proc.stderr[-2000:]
     cliques = {"MPIR_CVAR_NUM_CLIQUES": "2"}
     counts = str(tmp_path / "overlap")
-    locked = run_trains(4, [cora_jobs(parts, tmp_path / "on", "on")], tmp_path,
-                        env={**cliques, **mpi_overlap.env(shim, counts)})
+    locked = run_trains(4, [cora_jobs(parts, tmp_path / "on", "on"),  # and the CSR's windows opened beside the thread:
+                            cora_jobs(parts, tmp_path / "distributed", "on", "distributed")],
+                        tmp_path, env={**cliques, **mpi_overlap.env(shim, counts)})
     assert locked.returncode == 0, locked.stdout[-2000:] + locked.stderr[-3000:]
     unlocked = run_trains(4, [cora_jobs(parts, tmp_path / "off", "off")], tmp_path, env=cliques)
     assert unlocked.returncode == 0, unlocked.stdout[-2000:] + unlocked.stderr[-3000:]
@@ -184,7 +186,7 @@ def test_training_with_the_lock_never_has_two_threads_in_mpi_and_trains_as_witho
     assert total["ranks"] >= 4 and total["calls"] > 1000, total
     assert total["overlaps"] == 0, f"two threads of a rank inside MPI at once: {total['pairs']}"
     on, off = read_logs(tmp_path / "on"), read_logs(tmp_path / "off")
-    assert [log["status"] for log in on + off] == ["completed"] * 8
+    assert [log["status"] for log in on + off + read_logs(tmp_path / "distributed")] == ["completed"] * 12
     assert {log["run"]["rma_progress"] for log in on} == {"thread"}
     assert sum(log["attrs"]["rma_progress_polls"] for log in on) > 0, "the progress thread never called MPI"
     for a, b in zip(on, off):

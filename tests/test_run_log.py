@@ -186,6 +186,43 @@ def test_a_failed_flush_is_undone_and_its_rows_written_by_the_next(tmp_path, mon
     assert_rows(path, dict.fromkeys(log.written, 9), exactly=True)
 
 
+def test_a_write_failing_inside_hdf5_fails_the_flush_and_undoes_it(tmp_path, monkeypatch):
+    """A journal write that fails (a full disk) is raised inside h5py's file driver, whose C code
+    ignores an exception raised while it closes the file: the flush must still raise, leave the
+    file as the last flush did, and keep its rows for the next."""
+    import rudder.logs.writer as writer
+
+    path = str(tmp_path / "rank-00000.h5")
+    log = RunLog(path, {}, {"rows": ROW}, flush_seconds=0)
+    for i in range(5000):
+        log.append("rows", {"step": i, "loss": 0.5})
+    log.flush()
+    with open(path, "rb") as f:
+        before = f.read()
+    for i in range(5000, 9000):
+        log.append("rows", {"step": i, "loss": 0.5})
+    write_all, journal_writes = writer._write_all, []
+
+    def full_disk(file, data):
+        if file.name.endswith(UNDO):
+            journal_writes.append(len(memoryview(data)))
+            if len(journal_writes) == 3:  # the header, one page, then the disk is full
+                raise OSError(28, "No space left on device")
+        write_all(file, data)
+
+    monkeypatch.setattr(writer, "_write_all", full_disk)
+    with pytest.raises(OSError):
+        log.flush()
+    with open(path, "rb") as f:
+        assert f.read() == before
+    assert log.written["rows"] == 5000 and not os.path.exists(path + UNDO)
+    monkeypatch.setattr(writer, "_write_all", write_all)
+    log.close("completed")
+    with open_log(path) as f:
+        steps = f["rows"]["step"]
+        assert steps.size == 9000 and (steps == np.arange(9000)).all()
+
+
 def test_docs_list_every_column_with_its_meaning():
     """docs/logs.md holds the tables made from the schema (python -m rudder.logs.schema)."""
     from conftest import REPO

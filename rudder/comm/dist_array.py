@@ -135,7 +135,9 @@ class DistributedArray:
         # Collective calls through the MPI lock (rudder.comm.gate): an evaluation opens windows
         # while the pipeline thread reads
         self.win = gate.collective(comm, MPI.Win.Allocate, rows * self.row_bytes, self.dtype.itemsize, MPI.INFO_NULL, comm)
-        self.own = np.frombuffer(self.win.tomemory(), dtype=self.dtype, count=rows * row_items).reshape((rows, *self.row_shape))
+        with gate.held():  # attribute queries, but MPI calls beside the progress thread's
+            memory = self.win.tomemory()
+        self.own = np.frombuffer(memory, dtype=self.dtype, count=rows * row_items).reshape((rows, *self.row_shape))
         if exposes and fill is not None:
             fill(self.own)
         gate.collective(comm, comm.Barrier)  # every segment is filled before anyone reads

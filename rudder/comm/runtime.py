@@ -89,9 +89,11 @@ def library_versions() -> dict:
         except importlib.metadata.PackageNotFoundError:
             return "absent"
 
+    with gate.held():  # a query, but an MPI call beside the progress thread's
+        mpi = MPI.Get_library_version().splitlines()[0].strip()
     return {"rudder": rudder.__version__, "python": platform.python_version(), "numpy": np.__version__,
             "torch": version("torch"), "dgl": version("dgl"), "mpi4py": version("mpi4py"),
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "h5py": h5py.__version__,
+            "mpi": mpi, "h5py": h5py.__version__,
             "hdf5": h5py.version.hdf5_version}
 
 

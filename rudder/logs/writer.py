@@ -18,7 +18,8 @@ flush left it plus, at most, one unfinished flush that its journal undoes:
   finished flush, and ``written`` (what a checkpoint records) only counts finished flushes;
 - readers open a log with ``open_log`` (``rudder.logs.reader`` does), which reads a log with a
   journal as the journal would restore it, without changing the file: a bare ``h5py.File`` may
-  find such a log torn;
+  find such a log torn. That covers a killed writer; a reader racing a live writer's flush may
+  still see a mix of two flushes (and fail, or read wrong rows), as it could before the journal;
 - a flush that raises is undone at once, and its rows stay buffered for the next.
 
 This holds for a killed process, not for a machine that loses its page cache (nothing is fsynced).
@@ -185,10 +186,17 @@ _PAGE = 4096
 class _Journaled:
     """The log file as HDF5 writes it during one flush (h5py's file-object driver), journaling
     each page of the file as it was before its first change (the module's docstring). A journal
-    left by a killed writer is undone first."""
+    left by a killed writer is undone first.
+
+    An error inside a write (a full disk: the journal's writes need new space where the log's
+    overwrites do not) is not raised into h5py's C code, which ignores an exception raised while
+    it closes the file and leaves it pending, so that its next call into Python fails with a
+    SystemError: the error is kept here, that write and every later one pretend to succeed
+    without touching the file, and leaving the ``with`` undoes the flush and raises it."""
 
     def __init__(self, path: str):
         self.path = path
+        self.error: BaseException | None = None
 
     def __enter__(self):
         undo(self.path)
@@ -202,10 +210,23 @@ class _Journaled:
     def __exit__(self, kind, *_) -> None:
         self.file.close()
         self.journal.close()
-        if kind is None:
+        if kind is None and self.error is None:
             os.unlink(self.path + UNDO)  # the commit
-        else:  # a failed flush (the writer lives on): back to the file as it was
-            undo(self.path)
+            return
+        undo(self.path)  # a failed flush (the writer lives on): back to the file as it was
+        if kind is None:
+            raise OSError(f"{self.path}: a write of the flush failed, the flush was undone: {self.error}") \
+                from self.error
+
+    def _guarded(self, call, arg, pretended: int) -> int:
+        """``call(arg)``, a change of the file; ``pretended`` if it fails (the error kept for
+        ``__exit__``) or an earlier one did."""
+        if self.error is None:
+            try:
+                return call(arg)
+            except Exception as e:
+                self.error = e
+        return pretended
 
     def _save(self, start: int, end: int) -> None:
         """Journal the pages of [start, end) that were part of the file and are not saved yet."""
@@ -217,11 +238,11 @@ class _Journaled:
                 continue
             first = page
             while page * _PAGE < end and page not in self.saved:
-                self.saved.add(page)
                 page += 1
             at = first * _PAGE
             old = os.pread(self.file.fileno(), min(page * _PAGE, self.size) - at, at)
             _write_all(self.journal, _ENTRY.pack(at, len(old)) + old)
+            self.saved.update(range(first, page))  # saved once the entry is written whole
 
     # the file-object interface h5py's driver calls
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -237,12 +258,18 @@ class _Journaled:
         return self.file.readinto(buffer)
 
     def write(self, data) -> int:
+        return self._guarded(self._write, data, memoryview(data).nbytes)
+
+    def _write(self, data) -> int:
         at, n = self.file.tell(), memoryview(data).nbytes
         self._save(at, at + n)
         _write_all(self.file, data)
         return n
 
     def truncate(self, size: int) -> int:
+        return self._guarded(self._truncate, size, size)
+
+    def _truncate(self, size: int) -> int:
         self._save(size, self.size)
         return self.file.truncate(size)
 

@@ -203,8 +203,10 @@ def khop_reads_less(graph: GraphShape, cfg) -> bool:
         remote = 1 - part.owned / graph.num_nodes
         nodes, _ = neighbourhood(graph, part, cfg)
         scored = float(part.val + part.test)
-        first_hop = distinct(scored * (1 + graph.num_edges / graph.num_nodes), graph.num_nodes)
         batches = math.ceil(scored / cfg.training.eval_batch_size) if scored else 0
+        # per minibatch, as the trainers count it: a neighbour two minibatches share counts twice
+        batch = min(scored, cfg.training.eval_batch_size)
+        first_hop = batches * distinct(batch * (1 + graph.num_edges / graph.num_nodes), graph.num_nodes)
         khop += batches * nodes * remote * feature
         layerwise += part.halo * sum(in_bytes[:-1]) + first_hop * remote * in_bytes[-1]
     return khop <= layerwise
