@@ -116,17 +116,25 @@ def buffer_bytes(cfg, part: Part, num_nodes: int, dim: int) -> tuple[int, int]:
     settings = BufferSettings.of(cfg.buffer)
 
     def build(halo: int) -> tuple[int, int]:
-        ids = np.linspace(part.owned, num_nodes - 1, halo).astype(np.int64)
-        fake = types.SimpleNamespace(halo_nodes=ids, halo_in_degree=np.ones(halo, np.int64), node_start=0,
-                                     node_end=part.owned)
-        buffer = policy.buffer_class.build(settings, fake, num_nodes, dim, np.random.default_rng(0))
-        return array_bytes(buffer), array_bytes(buffer.state_dict())
+        # parts of the same sizes build the same buffer (a plan from published statistics has
+        # equal parts, and asks for each part's memory and its checkpoint): built once
+        key = (policy.buffer_class, repr(settings), part.owned, num_nodes, dim, halo)
+        if key not in _BUILT:
+            ids = np.linspace(part.owned, num_nodes - 1, halo).astype(np.int64)
+            fake = types.SimpleNamespace(halo_nodes=ids, halo_in_degree=np.ones(halo, np.int64), node_start=0,
+                                         node_end=part.owned)
+            buffer = policy.buffer_class.build(settings, fake, num_nodes, dim, np.random.default_rng(0))
+            _BUILT[key] = array_bytes(buffer), array_bytes(buffer.state_dict())
+        return _BUILT[key]
 
     if part.halo <= 8192:
         return build(part.halo)
     (m1, s1), (m2, s2) = build(4096), build(8192)
     scale = (part.halo - 4096) / 4096
     return int(m1 + (m2 - m1) * scale), int(s1 + (s2 - s1) * scale)
+
+
+_BUILT: dict[tuple, tuple[int, int]] = {}  # buffer_bytes's builds, by what they depend on
 
 
 def distinct(draws: float, population: int) -> float:
