@@ -156,6 +156,16 @@ def test_a_writer_killed_inside_flushes_leaves_a_log_that_reads_and_resumes(tmp_
         assert f.attrs["status"] == "completed" and f["prompt/values"].compression == "gzip"
 
 
+def assert_flush_undone(log: RunLog, path: str, before: bytes, table: str, rows: int, match: str | None = None) -> None:
+    """The flush raises, and leaves the file's bytes as ``before``, ``rows`` rows of ``table``
+    counted as written and no journal."""
+    with pytest.raises(OSError, match=match):
+        log.flush()
+    with open(path, "rb") as f:
+        assert f.read() == before
+    assert log.written[table] == rows and not os.path.exists(path + UNDO)
+
+
 def test_a_failed_flush_is_undone_and_its_rows_written_by_the_next(tmp_path, monkeypatch):
     """A flush that raises half-way leaves the file as the last one did, and keeps its rows for the next."""
     import rudder.logs.writer as writer
@@ -176,11 +186,7 @@ def test_a_failed_flush_is_undone_and_its_rows_written_by_the_next(tmp_path, mon
         extend(dataset, rows)
 
     monkeypatch.setattr(writer, "_extend", failing)
-    with pytest.raises(OSError, match="disk full"):
-        log.flush()
-    with open(path, "rb") as f:
-        assert f.read() == before
-    assert log.written["decisions"] == 4 and not os.path.exists(path + UNDO)
+    assert_flush_undone(log, path, before, "decisions", 4, match="disk full")
     monkeypatch.setattr(writer, "_extend", extend)
     log.close("completed")
     assert_rows(path, dict.fromkeys(log.written, 9), exactly=True)
@@ -211,11 +217,7 @@ def test_a_write_failing_inside_hdf5_fails_the_flush_and_undoes_it(tmp_path, mon
         write_all(file, data)
 
     monkeypatch.setattr(writer, "_write_all", full_disk)
-    with pytest.raises(OSError):
-        log.flush()
-    with open(path, "rb") as f:
-        assert f.read() == before
-    assert log.written["rows"] == 5000 and not os.path.exists(path + UNDO)
+    assert_flush_undone(log, path, before, "rows", 5000)
     monkeypatch.setattr(writer, "_write_all", write_all)
     log.close("completed")
     with open_log(path) as f:

@@ -165,11 +165,7 @@ def started() -> None:
 def settle(request, sleep: float) -> None:
     """Wait for one request testing every ``sleep`` seconds (for waits that must not spin: an
     agent that may share this core), each test under the lock."""
-    while True:
-        _, done = attempt(request.Test)
-        if done:
-            return
-        time.sleep(sleep)
+    wait_growing(request, 0.0, sleep, shortest=sleep)
 
 
 def collective(comm, call, /, *args, **kwargs):
@@ -189,13 +185,13 @@ def collective(comm, call, /, *args, **kwargs):
         return call(*args, **kwargs)
 
 
-def wait_growing(request, growth: float, longest: float) -> None:
+def wait_growing(request, growth: float, longest: float, shortest: float = FIRST_SLEEP) -> None:
     """Wait for one request, each test under the lock, sleeping between tests ``growth`` times the
-    wait so far (at least ``FIRST_SLEEP``, at most ``longest``): a short wait is noticed within
+    wait so far (at least ``shortest``, at most ``longest``): a short wait is noticed within
     microseconds, a long one costs a test every ``longest`` seconds."""
     start = time.perf_counter()
     while True:
         _, done = attempt(request.Test)
         if done:
             return
-        time.sleep(min(longest, max(FIRST_SLEEP, growth * (time.perf_counter() - start))))
+        time.sleep(min(longest, max(shortest, growth * (time.perf_counter() - start))))
