@@ -97,6 +97,11 @@ def shaped(rate: str, links: str, nodes: int, *options: str) -> list[str]:
     return [sys.executable, "-m", "rudder.netem", "--rate", rate, "--links", links, "--nodes", str(nodes), *options, "--"]
 
 
+# What every benchmark job adds to its own flags: a fresh run directory, no evaluation, no progress
+# lines, the partitions' checksums trusted (the benchmark made them)
+JOB_FLAGS = ["--overwrite", "--eval-every", "0", "--progress", "none", "--no-verify-data"]
+
+
 def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[str], wrapper: list[str] = (),
               repo: str | None = None) -> list[str]:
     """``mpiexec -n RANKS python drivers/train.py`` on PARTS into RUN_DIR (replacing an earlier run),
@@ -105,10 +110,27 @@ def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[st
     log paths. ``repo``: whose drivers/train.py (and library: it runs its own), this one's by default."""
     repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cmd = [*wrapper, os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
-           os.path.join(repo, "drivers", "train.py"), "--data", parts, "--run-dir", run_dir, "--overwrite",
-           "--eval-every", "0", "--progress", "none", "--no-verify-data", *flags]
+           os.path.join(repo, "drivers", "train.py"), "--data", parts, "--run-dir", run_dir, *JOB_FLAGS, *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                           env=dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(cliques)))
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     return sorted(glob.glob(os.path.join(run_dir, "rank-*.h5")))
+
+
+def train_jobs(jobs: list[tuple[str, str, list[str], bool]], ranks: int, cliques: int, workdir: str) -> tuple[int, str]:
+    """Several jobs, each (parts, run directory, flags, trainers only), one after another in one
+    ``mpiexec -n RANKS python drivers/train_jobs.py`` launch (MPICH told the host is CLIQUES
+    nodes), each as ``train_job`` runs it alone. Returns (how many jobs finished, in order; the
+    launch's stderr tail when one failed, else "")."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(workdir, "jobs.json")
+    with open(path, "w") as f:
+        json.dump([{"argv": ["--data", parts, "--run-dir", run_dir, *JOB_FLAGS, *flags], "trainers_only": alone}
+                   for parts, run_dir, flags, alone in jobs], f)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
+           os.path.join(repo, "drivers", "train_jobs.py"), path]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600 * len(jobs),
+                          env=dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(cliques)))
+    finished = sum(line.startswith("== job ") and line.endswith(" done") for line in proc.stdout.splitlines())
+    return finished, (proc.stderr[-3000:] or f"exit {proc.returncode}") if proc.returncode else ""

@@ -61,10 +61,10 @@ def run_train(ranks: int, *args, timeout=300, env=None):
 
 
 def run_trains(ranks: int, jobs: list, workdir, timeout=600, env=None):
-    """Several training jobs of ``ranks`` ranks in one launch (tests/mpi_scripts/train_many.py):
+    """Several training jobs of ``ranks`` ranks in one launch (drivers/train_jobs.py):
     ``jobs``, a list of argument lists as ``run_train`` takes them, run one after another in the
     same processes (``{"argv": [...], "trainers_only": True}``: a job without the agent ranks of
-    the others, see train_many.py). A check of each job's logs is a check of that job, as
+    the others, see drivers/train_jobs.py). A check of each job's logs is a check of that job, as
     launched alone; only the start-up's imports are paid once."""
     import json
 
@@ -74,8 +74,8 @@ def run_trains(ranks: int, jobs: list, workdir, timeout=600, env=None):
     path = os.path.join(str(workdir), f"jobs-{len(os.listdir(str(workdir)))}.json")
     with open(path, "w") as f:
         json.dump([entry(job) for job in jobs], f)
-    return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, os.path.join(REPO, "tests", "mpi_scripts",
-                                                                                       "train_many.py"), path],
+    return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, os.path.join(REPO, "drivers", "train_jobs.py"),
+                           path],
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
 
 

@@ -18,6 +18,10 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 status=0
 start=$(date +%s)
 
+# Byte-compile the checkout once: where PYTHONDONTWRITEBYTECODE is set (CI images set it), every
+# one of the suite's hundreds of rank starts would otherwise compile the package's sources again.
+"$PYTHON" -m compileall -q -j 0 rudder partitioning drivers bench tests >/dev/null || status=1
+
 echo "== serial tests"
 # In pytest-xdist workers, a test file each (--dist loadfile: a module's fixtures, such as the
 # evaluation grid, are made once). A serial test spends much of its time single-threaded in its

@@ -204,7 +204,7 @@ def test_a_repeated_grid_reports_each_settings_median_run(tmp_path):
     a run of its own, the same rows: caching and sampling are exact); its row is the run with the median epoch time,
     every run's time is kept, and the report states the spread; a rebuilt report agrees."""
     grid = tmp_path / "grid.toml"
-    grid.write_text('name = "repeated"\nepochs = 4\nhidden = 8\nrepeats = 3\n[datasets]\n'
+    grid.write_text('name = "repeated"\nepochs = 4\nhidden = 8\nrepeats = 3\nshare_launches = true\n[datasets]\n'
                     'cora = { spec = "bundled:cora", batch_sizes = [16] }\n[grid]\nranks = [2]\nfractions = [0.25]\n'
                     'policies = ["none"]\n[oracle]\nlookahead = [2]\n')
     out = tmp_path / "out"
@@ -233,10 +233,31 @@ def test_a_repeated_grid_reports_each_settings_median_run(tmp_path):
     assert proc.returncode == 0 and (out / "results.md").read_text().split("\n", 3)[3] == md.split("\n", 3)[3]
 
 
+def test_a_shared_launch_that_fails_leaves_the_failure_to_its_run(tmp_path):
+    """``share_launches``: a grid's runs of one layout share a launch; when one of them fails, the
+    runs before it are kept, it runs again alone for its own error, and the runs after it run
+    alone, so the results name the failing run and every other run finished."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text('epochs = 2\nshare_launches = true\n[datasets]\ncora = { spec = "bundled:cora", batch_sizes = [32] }\n'
+                    '[grid]\nranks = [2]\nfractions = [0.25]\npolicies = ["none", "fixed", "lookahead"]\n'
+                    '[policy_flags]\nfixed = ["--delta", "0"]\n')
+    out = tmp_path / "out"
+    proc = evaluate("--grid", grid, "--seed", "0", "--out", out, "--no-validate")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ran runs/cora-p2-b32-f10_25/none (in a launch of 3 runs" in proc.stdout
+    assert "a shared launch stopped after 1 runs; the other 2 run one launch each" in proc.stdout
+    assert "ran runs/cora-p2-b32-f10_25/lookahead-f0.25 (" in proc.stdout
+    results = json.loads((out / "results.json").read_text())
+    (failed,) = results["failed"]
+    assert failed.startswith("runs/cora-p2-b32-f10_25/fixed-f0.25: ") and "--delta 0: expected a positive" in failed
+    assert sorted(next(iter(results["grid"]["configs"].values()))["runs"]) == ["lookahead-f0.25", "none"]
+
+
 NETWORK_GRID = """
 name = "network"
 epochs = 5
 hidden = 16
+share_launches = true  # the floors' compute-only runs (shaped runs have a launch each)
 
 [datasets]
 cora = { spec = "bundled:cora", batch_sizes = [16], feature_dtype = "float32" }

@@ -57,6 +57,10 @@ def load_grid(path: str) -> dict:
     repeats = grid.setdefault("repeats", 1)  # runs of every policy and setting; figures of the median one
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise GridError(f"--grid {path}: repeats must be a whole number of runs >= 1, not {repeats!r}")
+    # the unshaped runs of one layout in one launch (drivers/train_jobs.py): start-up paid once per
+    # layout; off by default, so each published run is a launch of its own, as a user runs it
+    if not isinstance(grid.setdefault("share_launches", False), bool):
+        raise GridError(f"--grid {path}: share_launches must be true or false, not {grid['share_launches']!r}")
     grid.setdefault("policy_flags", {})
     grid.setdefault("policy_ranks", {})
     check_network(grid.get("network"), path)

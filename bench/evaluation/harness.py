@@ -13,13 +13,14 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 
 from bench import distdgl_peer
 from bench.evaluation.floor import floor
 from bench.evaluation.grid import FRACTION_FREE, REPO, Network, configurations, policy_flags, shift_flags, steered
 from bench.evaluation.sweep import settings
-from bench.mpi_job import train_job
+from bench.mpi_job import train_job, train_jobs
 from partitioning.partition import partition_graph
 from partitioning.sources import load_spec
 from rudder.agent import classifier_training
@@ -81,34 +82,99 @@ class Harness:
         self.say(f"partitioned {name} into {parts} ({time.time() - t:.0f} s)")
         return out
 
-    def train(self, parts: str, run_dir: str, trainers: int, policy: str, flags: list[str],
-              network: Network | None = None, nodes: int | None = None) -> str | None:
-        """One drivers/train.py job (reused when it already finished with the same flags and network),
-        every trainer an emulated node of its own unless ``nodes`` says how many (1: all on one node)."""
-        nodes = nodes or trainers
-        agents = nodes if steered(self.grid, policy) else 0
+    def train_all(self, runs: list[Run]) -> dict[str, str | None]:
+        """Each run a drivers/train.py job, reused when it already finished with the same flags,
+        network and code: {run directory: itself once finished, None if it failed or was not run}.
+        With the grid's ``share_launches``, the unshaped runs of one layout (trainers and nodes)
+        run one after another in one launch (drivers/train_jobs.py; where some are steered, the
+        others run on the trainer slots while the agents sit them out): start-up is paid once per
+        layout, not once per run. A launch that fails runs its unfinished runs again, one launch
+        each, so a failure is the failing run's alone."""
+        done: dict[str, str | None] = {}
+        groups: dict = {}
+        for run in runs:
+            job = self.job(run)
+            if os.path.exists(job.stamp) and json.load(open(job.stamp)) == job.record:
+                done[run.run_dir] = run.run_dir
+            elif self.out_of_time(os.path.relpath(run.run_dir, self.out)):
+                done[run.run_dir] = None
+            else:
+                shared = self.grid["share_launches"] and run.network is None
+                groups.setdefault((run.trainers, job.nodes) if shared else run.run_dir, []).append(job)
+        for group in groups.values():
+            while len(group) > 1:
+                finished, error = self.launch_shared(group)
+                done.update({job.run.run_dir: job.run.run_dir for job in group[:finished]})
+                group = group[finished:]
+                if error:
+                    self.say(f"a shared launch stopped after {finished} runs; the other {len(group)} run one launch each")
+                    break
+            for job in group:
+                done[job.run.run_dir] = self.launch_alone(job)
+        return done
+
+    def job(self, run: Run) -> Job:
+        nodes = run.nodes or run.trainers
+        agents = nodes if steered(self.grid, run.policy) else 0
         argv = ["--epochs", str(self.grid["epochs"]), "--hidden", str(self.grid["hidden"]), "--seed", str(self.seed),
-                *flags, *self.grid["policy_flags"].get(policy, [])]
-        stamp = os.path.join(run_dir, "harness.json")
-        record = {"parts": parts, "ranks": trainers + agents, "cliques": nodes, "argv": argv, "code": self.code}
-        if network is not None:
-            record["network"] = dataclasses.asdict(network)
-        if os.path.exists(stamp) and json.load(open(stamp)) == record:
-            return run_dir
-        if self.out_of_time(os.path.relpath(run_dir, self.out)):
-            return None
-        t = time.time()
+                *run.flags, *self.grid["policy_flags"].get(run.policy, [])]
+        record = {"parts": run.parts, "ranks": run.trainers + agents, "cliques": nodes, "argv": argv, "code": self.code}
+        if run.network is not None:
+            record["network"] = dataclasses.asdict(run.network)
+        return Job(run, argv, agents, nodes, record, os.path.join(run.run_dir, "harness.json"))
+
+    def launch_alone(self, job: Job) -> str | None:
+        run, t = job.run, time.time()
         try:
-            os.makedirs(run_dir, exist_ok=True)  # the network's --stats land there
-            wrapper = network.wrapper(nodes, os.path.join(run_dir, "netem.json")) if network else ()
-            train_job(parts, run_dir, trainers + agents, nodes, argv, wrapper)
+            os.makedirs(run.run_dir, exist_ok=True)  # the network's --stats land there
+            wrapper = run.network.wrapper(job.nodes, os.path.join(run.run_dir, "netem.json")) if run.network else ()
+            train_job(run.parts, run.run_dir, run.trainers + job.agents, job.nodes, job.argv, wrapper)
         except SystemExit as e:  # train_job's way of failing: keep going, and say so in the results
-            self.failed.append(f"{os.path.relpath(run_dir, self.out)}: {str(e).strip().splitlines()[-1][:200]}")
+            self.failed.append(f"{os.path.relpath(run.run_dir, self.out)}: {str(e).strip().splitlines()[-1][:200]}")
             self.say(f"FAILED {self.failed[-1]}")
             return None
-        json.dump(record, open(stamp, "w"))
-        self.say(f"ran {os.path.relpath(run_dir, self.out)} ({time.time() - t:.0f} s)")
-        return run_dir
+        json.dump(job.record, open(job.stamp, "w"))
+        self.say(f"ran {os.path.relpath(run.run_dir, self.out)} ({time.time() - t:.0f} s)")
+        return run.run_dir
+
+    def launch_shared(self, group: list[Job]) -> tuple[int, str]:
+        """The jobs of one layout in one launch: (how many finished, the error if one failed)."""
+        t, agents = time.time(), max(job.agents for job in group)
+        for job in group:
+            os.makedirs(job.run.run_dir, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.out) as work:
+            finished, error = train_jobs([(job.run.parts, job.run.run_dir, job.argv, agents > job.agents) for job in group],
+                                         group[0].run.trainers + agents, group[0].nodes, work)
+        for job in group[:finished]:
+            json.dump(job.record, open(job.stamp, "w"))
+            self.say(f"ran {os.path.relpath(job.run.run_dir, self.out)} (in a launch of {len(group)} runs, "
+                     f"{time.time() - t:.0f} s for them all)")
+        return finished, error
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run of the grid: its partitions, run directory, trainers, policy label and
+    flags, shaped network (None: unshaped) and emulated nodes (None: a node a trainer)."""
+    parts: str
+    run_dir: str
+    trainers: int
+    policy: str
+    flags: tuple
+    network: Network | None = None
+    nodes: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A run as launched: its drivers/train.py arguments, agent ranks, nodes, and the record its
+    stamp (``harness.json``) holds once it finished, which a rerun compares to reuse it."""
+    run: Run
+    argv: list
+    agents: int
+    nodes: int
+    record: dict
+    stamp: str
 
 
 # Options that record or report a run without changing what it does: runs equal in every other
@@ -194,26 +260,34 @@ def run_grid(h: Harness, datasets: dict) -> dict:
                         *shift_flags(cfg.shift)]
     finished: dict = {}  # (configuration, label): the run directories that finished, in order
     compute_only: dict = {}  # (configuration, label): its compute-only run, for the floor
+    queued: list = []  # ((configuration, label), its run, the shaped run whose floor it is or None)
 
-    def train(cfg, label, name, flags, rep) -> str | None:
+    def train(cfg, label, name, flags, rep) -> None:
         run_dir = repeated(os.path.join(h.out, "runs", cfg.key, label), h.grid["repeats"])[rep]
-        done = h.train(parts_of[cfg], run_dir, cfg.ranks, name, flags, cfg.network)
-        if done:
-            finished.setdefault((cfg, label), []).append(done)
-        return done
+        queued.append(((cfg, label), Run(parts_of[cfg], run_dir, cfg.ranks, name, tuple(flags), cfg.network), None))
 
     def run(cfg, policy, fraction, model=None, rep=0):
         if cfg.ranks not in h.grid["policy_ranks"].get(policy, [cfg.ranks]):
             return
         label = policy if fraction is None else f"{policy}-f{fraction}"
         flags = [*base(cfg), *policy_flags(h.grid, policy, fraction, model)]
-        if train(cfg, label, policy, flags, rep) and cfg.network and rep == 0:
+        train(cfg, label, policy, flags, rep)
+        if cfg.network and rep == 0:
             # its floor needs its compute-only run (once): unshaped, every partition on one node
             plain = dataclasses.replace(cfg, network=None)
-            alone = h.train(parts_of[cfg], os.path.join(h.out, "runs", f"{plain.key}-1node", label), cfg.ranks, policy,
-                            flags, nodes=1)
-            if alone:
-                compute_only[(cfg, label)] = alone
+            alone = Run(parts_of[cfg], os.path.join(h.out, "runs", f"{plain.key}-1node", label), cfg.ranks, policy,
+                        tuple(flags), nodes=1)
+            queued.append(((cfg, label), alone, queued[-1][1].run_dir))
+
+    def launch():
+        """The queued runs (those of one layout in one launch where the grid shares launches)."""
+        done = h.train_all([r for _, r, _ in queued])
+        for key, r, shaped in queued:
+            if done[r.run_dir] and shaped is None:
+                finished.setdefault(key, []).append(r.run_dir)
+            elif done[r.run_dir] and done[shaped]:
+                compute_only[key] = r.run_dir
+        queued.clear()
 
     def collect():
         """Each finished setting's figures, once: its median run's, with its floor."""
@@ -236,6 +310,7 @@ def run_grid(h: Harness, datasets: dict) -> dict:
             for fraction in g["fractions"]:  # the oracle compares epoch times)
                 for setting in settings(h.grid):
                     train(cfg, setting.label(fraction), setting.name, [*base(cfg), *setting.flags(fraction)], rep)
+        launch()
     collect()
     classifiers = None
     if "classifier" in policies:
@@ -245,6 +320,7 @@ def run_grid(h: Harness, datasets: dict) -> dict:
                 for cfg in configurations(h.grid, datasets):
                     for fraction in g["fractions"]:
                         run(cfg, "classifier", fraction, classifiers["model"], rep)
+                launch()
             collect()
     return {"configs": results, "classifiers": classifiers}
 

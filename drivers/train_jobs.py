@@ -1,14 +1,16 @@
-"""Several training jobs one after another in the same MPI processes (``run_trains`` in
-tests/conftest.py): the suite's way to train many configurations without paying each launch's
-start-up again (MPI_Init and the imports, about 2 s of CPU a rank, most of a small test job).
-Each job is ``rudder.train.job.main`` with its own arguments, as drivers/train.py runs it; rank 0
-prints ``== job K`` before job K's output. A job that fails ends the launch with its status.
+"""Several training jobs one after another in the same MPI processes: a grid of runs, or a test
+suite's, pays MPI_Init and the imports (about 2 s of CPU a rank, most of a small job's start-up,
+minutes at 256 ranks on a cluster) once per launch instead of once per run.
 
-    mpiexec -n N python tests/mpi_scripts/train_many.py JOBS.json
+    mpiexec -n N python drivers/train_jobs.py JOBS.json
 
-JOBS.json is a list of jobs, each an argument list, or ``{"argv": [...], "trainers_only": true}``
-for a job without agents in a launch whose other jobs have one a node: the highest rank of each
-node (where an agent would run) sits that job out, and the job runs on the other ranks.
+JOBS.json is a list of jobs, each a drivers/train.py argument list, or ``{"argv": [...],
+"trainers_only": true}`` for a job without agents in a launch whose other jobs have one a node:
+the highest rank of each node (where an agent would run) sits that job out, and the job runs on
+the other ranks. Each job is ``rudder.train.job.main`` with its own arguments, exactly as
+drivers/train.py runs it, with its own run directory and logs. Rank 0 prints ``== job K`` before
+job K's output and ``== job K done`` once every rank has finished it; a job that fails ends the
+launch with its status (the jobs after it do not run).
 """
 import json
 import os
@@ -18,12 +20,14 @@ import time
 import mpi4py
 
 mpi4py.rc.thread_level = "multiple"  # as drivers/train.py asks, before MPI starts
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's library first
 
 from mpi4py import MPI  # noqa: E402
 
 from rudder.train.job import main  # noqa: E402
 
+if len(sys.argv) != 2:
+    sys.exit("usage: mpiexec -n N python drivers/train_jobs.py JOBS.json")
 with open(sys.argv[1]) as f:
     jobs = json.load(f)
 world = MPI.COMM_WORLD
@@ -45,3 +49,5 @@ for k, job in enumerate(jobs):
     done = world.Ibarrier()
     while not done.Test():
         time.sleep(0.005)
+    if world.rank == 0:
+        print(f"== job {k} done", flush=True)
