@@ -22,9 +22,10 @@ from partitioning.multilevel import CLUSTER_SHARE
 from partitioning.spec import Options, parse_options, positional
 
 # Fitted on this host (docs/partitioning.md, "The memory model"): METIS 5.2 with DROPEDGES and
-# three constraints, bytes beyond its input arrays, fitted on RMAT-21 and RMAT-22 (RMAT-20 needs
-# less: about 33 an edge, so smaller graphs are overestimated); the interpreter with numpy, h5py
-# and METIS loaded.
+# three constraints, bytes beyond its input arrays, fitted on RMAT-21 and RMAT-22. METIS keeps
+# every coarse level, about 8.4 bytes a coarse edge, and how many coarse edges a graph's levels sum
+# to is not in its counts (3.9x the edges on RMAT-20, 33 bytes an edge: over-predicted; 5.6x on
+# RMAT-21); the interpreter with numpy, h5py and METIS loaded.
 METIS_BYTES_PER_EDGE = 46.0
 METIS_BYTES_PER_NODE = 150.0
 # The multilevel path (partitioning/multilevel.py): METIS on at most a quarter of the edges, each
