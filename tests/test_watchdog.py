@@ -41,7 +41,10 @@ def start_and_freeze(parts, run, pause: float, epochs: int):
     assert job.poll() is None, "the run ended before it could be frozen; give it more epochs"
     frozen = rank_pids(run)[1]
     os.kill(frozen, signal.SIGSTOP)
-    time.sleep(pause)
+    try:  # the pause, or less where the job ends first (the watchdog's doing)
+        job.wait(timeout=pause)
+    except subprocess.TimeoutExpired:
+        pass
     try:
         os.kill(frozen, signal.SIGCONT)
     except ProcessLookupError:  # the job ended meanwhile (the watchdog's doing), the frozen rank with it
