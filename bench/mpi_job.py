@@ -118,19 +118,28 @@ def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[st
     return sorted(glob.glob(os.path.join(run_dir, "rank-*.h5")))
 
 
+def launch_jobs(jobs: list, ranks: int, workdir: str, env: dict | None = None, timeout: float = 3600,
+                mpiexec: str | None = None) -> subprocess.CompletedProcess:
+    """``mpiexec -n RANKS python drivers/train_jobs.py JOBS.json``: ``jobs`` (JOBS.json's entries,
+    each an argument list or ``{"argv": [...], "trainers_only": bool}``) written to a new file in
+    ``workdir``, run one after another in one launch; ``env`` adds to this process's environment,
+    ``mpiexec``: the launcher (the venv's by default)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fd, path = tempfile.mkstemp(prefix="jobs-", suffix=".json", dir=workdir)
+    with os.fdopen(fd, "w") as f:
+        json.dump(jobs, f)
+    mpiexec = mpiexec or os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return subprocess.run([mpiexec, "-n", str(ranks), sys.executable, os.path.join(repo, "drivers", "train_jobs.py"), path],
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
 def train_jobs(jobs: list[tuple[str, str, list[str], bool]], ranks: int, cliques: int, workdir: str) -> tuple[int, str]:
     """Several jobs, each (parts, run directory, flags, trainers only), one after another in one
-    ``mpiexec -n RANKS python drivers/train_jobs.py`` launch (MPICH told the host is CLIQUES
-    nodes), each as ``train_job`` runs it alone. Returns (how many jobs finished, in order; the
-    launch's stderr tail when one failed, else "")."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.path.join(workdir, "jobs.json")
-    with open(path, "w") as f:
-        json.dump([{"argv": ["--data", parts, "--run-dir", run_dir, *JOB_FLAGS, *flags], "trainers_only": alone}
-                   for parts, run_dir, flags, alone in jobs], f)
-    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
-           os.path.join(repo, "drivers", "train_jobs.py"), path]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600 * len(jobs),
-                          env=dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(cliques)))
+    ``launch_jobs`` launch (MPICH told the host is CLIQUES nodes), each as ``train_job`` runs it
+    alone. Returns (how many jobs finished, in order; the launch's stderr tail when one failed,
+    else "")."""
+    proc = launch_jobs([{"argv": ["--data", parts, "--run-dir", run_dir, *JOB_FLAGS, *flags], "trainers_only": alone}
+                        for parts, run_dir, flags, alone in jobs], ranks, workdir,
+                       env={"MPIR_CVAR_NUM_CLIQUES": str(cliques)}, timeout=3600 * len(jobs))
     finished = sum(line.startswith("== job ") and line.endswith(" done") for line in proc.stdout.splitlines())
     return finished, (proc.stderr[-3000:] or f"exit {proc.returncode}") if proc.returncode else ""

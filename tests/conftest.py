@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from bench.mpi_job import launch_jobs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.environ.get("RUDDER_SHARED_DATA", os.path.join(REPO, "..", "shared", "data"))
 BUNDLED_CORA = os.path.join(REPO, "data", "cora")
@@ -61,22 +63,15 @@ def run_train(ranks: int, *args, timeout=300, env=None):
 
 
 def run_trains(ranks: int, jobs: list, workdir, timeout=600, env=None):
-    """Several training jobs of ``ranks`` ranks in one launch (drivers/train_jobs.py):
-    ``jobs``, a list of argument lists as ``run_train`` takes them, run one after another in the
-    same processes (``{"argv": [...], "trainers_only": True}``: a job without the agent ranks of
-    the others, see drivers/train_jobs.py). A check of each job's logs is a check of that job, as
-    launched alone; only the start-up's imports are paid once."""
-    import json
-
+    """Several training jobs of ``ranks`` ranks in one launch (drivers/train_jobs.py, through
+    ``bench.mpi_job.launch_jobs``): ``jobs``, a list of argument lists as ``run_train`` takes them,
+    run one after another in the same processes (``{"argv": [...], "trainers_only": True}``: a job
+    without the agent ranks of the others, see drivers/train_jobs.py). A check of each job's logs is
+    a check of that job, as launched alone; only the start-up's imports are paid once."""
     def entry(job):
         return ({**job, "argv": [str(a) for a in job["argv"]]} if isinstance(job, dict) else [str(a) for a in job])
 
-    path = os.path.join(str(workdir), f"jobs-{len(os.listdir(str(workdir)))}.json")
-    with open(path, "w") as f:
-        json.dump([entry(job) for job in jobs], f)
-    return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, os.path.join(REPO, "drivers", "train_jobs.py"),
-                           path],
-                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
+    return launch_jobs([entry(job) for job in jobs], ranks, str(workdir), env=env, timeout=timeout, mpiexec=mpiexec())
 
 
 def read_logs(run_dir) -> list[dict]:

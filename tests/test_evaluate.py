@@ -26,6 +26,16 @@ def evaluate(*args, timeout=1500):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def evaluate_grid(tmp_path, text: str):
+    """``text`` as a grid file, evaluated with seed 0 and no simulator check, which must succeed:
+    (the grid file, the output directory, the finished process)."""
+    grid, out = tmp_path / "grid.toml", tmp_path / "out"
+    grid.write_text(text)
+    proc = evaluate("--grid", grid, "--seed", "0", "--out", out, "--no-validate")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return grid, out, proc
+
+
 @pytest.fixture(scope="module")
 def tiny_grid(tmp_path_factory) -> str:
     """bench/grids/tiny.toml with its llm runs on a tiny random-weight GGUF (rudder.agent.tiny_gguf,
@@ -203,13 +213,10 @@ def test_a_repeated_grid_reports_each_settings_median_run(tmp_path):
     """``repeats = 3``: every policy and sweep setting runs three times, in rounds over the grid (each
     a run of its own, the same rows: caching and sampling are exact); its row is the run with the median epoch time,
     every run's time is kept, and the report states the spread; a rebuilt report agrees."""
-    grid = tmp_path / "grid.toml"
-    grid.write_text('name = "repeated"\nepochs = 4\nhidden = 8\nrepeats = 3\nshare_launches = true\n[datasets]\n'
-                    'cora = { spec = "bundled:cora", batch_sizes = [16] }\n[grid]\nranks = [2]\nfractions = [0.25]\n'
-                    'policies = ["none"]\n[oracle]\nlookahead = [2]\n')
-    out = tmp_path / "out"
-    proc = evaluate("--grid", grid, "--seed", "0", "--out", out, "--no-validate")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    grid, out, proc = evaluate_grid(
+        tmp_path, 'name = "repeated"\nepochs = 4\nhidden = 8\nrepeats = 3\nshare_launches = true\n[datasets]\n'
+        'cora = { spec = "bundled:cora", batch_sizes = [16] }\n[grid]\nranks = [2]\nfractions = [0.25]\n'
+        'policies = ["none"]\n[oracle]\nlookahead = [2]\n')
     results = json.loads((out / "results.json").read_text())
     (runs,) = [r["runs"] for r in results["grid"]["configs"].values()]
     assert sorted(runs) == ["none", "sweep-lookahead-w2-halo-f0.25"]
@@ -237,13 +244,10 @@ def test_a_shared_launch_that_fails_leaves_the_failure_to_its_run(tmp_path):
     """``share_launches``: a grid's runs of one layout share a launch; when one of them fails, the
     runs before it are kept, it runs again alone for its own error, and the runs after it run
     alone, so the results name the failing run and every other run finished."""
-    grid = tmp_path / "grid.toml"
-    grid.write_text('epochs = 2\nshare_launches = true\n[datasets]\ncora = { spec = "bundled:cora", batch_sizes = [32] }\n'
-                    '[grid]\nranks = [2]\nfractions = [0.25]\npolicies = ["none", "fixed", "lookahead"]\n'
-                    '[policy_flags]\nfixed = ["--delta", "0"]\n')
-    out = tmp_path / "out"
-    proc = evaluate("--grid", grid, "--seed", "0", "--out", out, "--no-validate")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _, out, proc = evaluate_grid(
+        tmp_path, 'epochs = 2\nshare_launches = true\n[datasets]\ncora = { spec = "bundled:cora", batch_sizes = [32] }\n'
+        '[grid]\nranks = [2]\nfractions = [0.25]\npolicies = ["none", "fixed", "lookahead"]\n'
+        '[policy_flags]\nfixed = ["--delta", "0"]\n')
     assert "ran runs/cora-p2-b32-f10_25/none (in a launch of 3 runs" in proc.stdout
     assert "a shared launch stopped after 1 runs; the other 2 run one launch each" in proc.stdout
     assert "ran runs/cora-p2-b32-f10_25/lookahead-f0.25 (" in proc.stdout
@@ -284,11 +288,8 @@ def test_a_network_grid_runs_every_policy_under_the_same_shaping(tmp_path):
 
     if support_problem():
         pytest.skip(f"no shaped network on this machine: {support_problem()}")
-    grid = tmp_path / "network.toml"
-    grid.write_text(NETWORK_GRID)
-    proc = evaluate("--grid", grid, "--seed", "0", "--out", tmp_path / "out", "--no-validate")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    _, out, proc = evaluate_grid(tmp_path, NETWORK_GRID)
+    results = json.loads((out / "results.json").read_text())
     configs = results["grid"]["configs"]
     plain_key = "cora-p2-b16-f10_25-s2-seeds0.5"
     assert sorted(configs) == [plain_key, f"{plain_key}-r250mbit-shared"]
@@ -303,7 +304,7 @@ def test_a_network_grid_runs_every_policy_under_the_same_shaping(tmp_path):
         stats = json.loads(open(os.path.join(fig["run"], "netem.json")).read())
         logged = sum(int(x["minibatches"]["bytes_rma"].sum()) for x in read_logs(fig["run"]))
         assert stats["returncode"] == 0 and stats["crossed_bytes"] >= logged > 0
-    md = (tmp_path / "out" / "results.md").read_text()
+    md = (out / "results.md").read_text()
     assert "Network: 250mbit, one link shared by every rank. `none-serial` waits for remote data" in md
     assert "Network: unshaped (loopback)" in md and "inside `python -m rudder.netem`" in md
     assert shaped["runs"]["none-serial"]["wait_share"] > 0
