@@ -29,6 +29,19 @@ def pytest_configure(config):
                 config.option.xmlpath = f"{config.option.xmlpath}.rank{MPI.COMM_WORLD.rank}"
 
 
+MPI_TEST_FILES = "test_mpi_"  # tests/run_suite.sh runs only these files under mpiexec
+
+
+def pytest_collection_modifyitems(config, items):
+    # The suite's MPI runs collect only tests/test_mpi_*.py (collecting every file cost each rank
+    # about 3 s of CPU): an MPI test anywhere else would never run, so it is an error here.
+    stray = sorted({item.path.name for item in items
+                    if item.get_closest_marker("mpi") and not item.path.name.startswith(MPI_TEST_FILES)})
+    if stray:
+        raise pytest.UsageError(f"{', '.join(stray)}: MPI tests (marked mpi) belong in tests/{MPI_TEST_FILES}*.py, "
+                                "the only files tests/run_suite.sh runs under mpiexec")
+
+
 def shared_dataset(kind: str, name: str) -> str:
     """Spec of a real dataset in ../shared/data, or skip the test with the reason."""
     if kind == "planetoid":

@@ -32,10 +32,15 @@ WORKERS=${PYTEST_WORKERS:-2}
 # must not fail a suite that passes (CI allows 90 min for the install and the whole suite).
 timeout 3600 "$PYTHON" -m pytest -q -n "$WORKERS" --dist loadfile --durations=25 --basetemp="$BASE/serial" --junitxml="$BASE/serial.xml" ${PYTEST_ARGS:-} || status=1
 
+# Every rank collects only the MPI test files (tests/conftest.py refuses an MPI test elsewhere)
+# and loads no plugin it does not use: collecting every file and importing hypothesis cost each
+# rank about 4 s of CPU, a quarter of these runs (docs/testing.md).
+MPI_TESTS=(tests/test_mpi_*.py)
+MPI_PLUGINS="-p no:cacheprovider -p no:hypothesispytest -p no:anyio"
 for n in $MPI_SIZES; do
   echo "== MPI tests, mpiexec -n $n"
   timeout 600 "$MPIEXEC" -n "$n" "$PYTHON" -m mpi4py -m pytest -q --with-mpi -m mpi \
-      --basetemp="$BASE/mpi$n" --junitxml="$BASE/mpi$n.xml" -p no:cacheprovider ${PYTEST_ARGS:-}
+      --basetemp="$BASE/mpi$n" --junitxml="$BASE/mpi$n.xml" $MPI_PLUGINS ${PYTEST_ARGS:-} "${MPI_TESTS[@]}"
   rc=$?
   # pytest exits 5 when a size selects no test (e.g. all need more ranks): not a failure.
   if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then

@@ -6,6 +6,7 @@ losses equal the no-buffer run's at 1, 2 and 4 trainers, and the simulator repla
 exactly (``--validate``)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -13,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, mpiexec, read_logs, run_train, run_trains
+from conftest import BUNDLED_CORA, REPO, mpiexec, read_logs, run_trains
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -415,15 +416,20 @@ COMMON = ("--epochs", "3", "--batch-size", "8", "--eval-every", "0", "--progress
           "--agent-latency", "2")
 
 
-def train(parts, run, ranks, *flags):
-    proc = run_train(ranks, "--data", parts, "--run-dir", run, *COMMON, *flags)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_logs(run)
+NO_BUFFER = ("--policy", "none")
 
 
-def train_all(parts, ranks, runs: dict, workdir) -> dict:
-    """``runs``: {run directory: flags}, trained one after another in one launch: {run directory: logs}."""
-    proc = run_trains(ranks, [["--data", parts, "--run-dir", run, *COMMON, *flags] for run, flags in runs.items()], workdir)
+def jobs(parts, runs: dict, agents: bool) -> list[dict]:
+    """drivers/train_jobs.py's entries for ``runs`` ({run directory: flags}); in a launch with
+    ``agents``, the no-buffer run is the trainers' alone (the agent rank sits it out)."""
+    return [{"argv": ["--data", parts, "--run-dir", run, *COMMON, *flags], "trainers_only": agents and flags == NO_BUFFER}
+            for run, flags in runs.items()]
+
+
+def train_all(parts, ranks, runs: dict, workdir, agents: bool) -> dict:
+    """``runs``: {run directory: flags}, trained one after another in one launch: {run directory: logs}.
+    Each test's launch includes the no-buffer run it compares with: a run costs less than a launch."""
+    proc = run_trains(ranks, jobs(parts, runs, agents), workdir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return {run: read_logs(run) for run in runs}
 
@@ -432,31 +438,17 @@ def losses(logs):
     return [log["minibatches"]["loss"] for log in logs if log["role"] == "trainer"]
 
 
-@pytest.fixture(scope="module")
-def no_buffer(parts, tmp_path_factory):
-    """no_buffer(trainers): the losses of the no-buffer run on that many trainers, run once for
-    every test that compares against it."""
-    runs = {}
-
-    def losses_of(trainers):
-        if trainers not in runs:
-            run = str(tmp_path_factory.mktemp(f"none{trainers}") / "run")
-            runs[trainers] = losses(train(parts[trainers], run, trainers, "--policy", "none"))
-        return runs[trainers]
-    return losses_of
-
-
 @pytest.mark.parametrize("trainers", [1, 2, 4])
-def test_every_budget_and_window_trains_as_without_a_buffer(parts, no_buffer, tmp_path, trainers):
+def test_every_budget_and_window_trains_as_without_a_buffer(parts, tmp_path, trainers):
     from rudder.sim.validate import validate
 
-    base = no_buffer(trainers)
     variants = {"budgets": ("--policy", "tuner", "--agent-action", "structured"),
                 "windows": ("--policy", "tuner", "--agent-action", "structured", "--agent-buffer", "window")}
     if trainers == 2:
         variants["heuristic"] = ("--policy", "heuristic", "--agent-action", "structured")
-    trained = train_all(parts[trainers], trainers + 1, {str(tmp_path / name): flags for name, flags in variants.items()},
-                        tmp_path)
+    trained = train_all(parts[trainers], trainers + 1, {str(tmp_path / name): flags for name, flags in
+                                                        {"none": NO_BUFFER, **variants}.items()}, tmp_path, agents=True)
+    base = losses(trained[str(tmp_path / "none")])
     for name in variants:
         run = str(tmp_path / name)
         logs = trained[run]
@@ -482,19 +474,18 @@ def test_every_budget_and_window_trains_as_without_a_buffer(parts, no_buffer, tm
 
 
 @pytest.mark.parametrize("trainers", [2, 4])
-def test_a_fixed_refill_budget_bounds_every_replacement_and_trains_as_without_a_buffer(parts, no_buffer, tmp_path,
-                                                                                      trainers):
+def test_a_fixed_refill_budget_bounds_every_replacement_and_trains_as_without_a_buffer(parts, tmp_path, trainers):
     """--refill-budget F: fixed's replacements through the agent's refill-budget path, each at
     most floor(F x capacity) rows and at least one of them cut; losses bit for bit; the simulator
     agrees. (One trainer has no halo: nothing to refill, nothing to bound.)"""
     from rudder.sim.validate import validate
 
-    base = no_buffer(trainers)
     run = str(tmp_path / "fixed-budget")
-    trained = train_all(parts[trainers], trainers, {str(tmp_path / "fixed"): ("--policy", "fixed", "--delta", "8"),
+    trained = train_all(parts[trainers], trainers, {str(tmp_path / "none"): NO_BUFFER,
+                                                    str(tmp_path / "fixed"): ("--policy", "fixed", "--delta", "8"),
                                                     run: ("--policy", "fixed", "--delta", "8", "--refill-budget", "0.25")},
-                        tmp_path)
-    unbounded, logs = trained[str(tmp_path / "fixed")], trained[run]
+                        tmp_path, agents=False)
+    base, unbounded, logs = losses(trained[str(tmp_path / "none")]), trained[str(tmp_path / "fixed")], trained[run]
     for mine, theirs in zip(losses(logs), base):
         np.testing.assert_array_equal(mine, theirs)  # bit for bit
     cut = 0
@@ -535,28 +526,30 @@ class UnrulyAgent(AgentPolicy):
 
 
 LAUNCHER = f"""
+import runpy
 import sys
 import mpi4py
 mpi4py.rc.thread_level = "multiple"
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 import test_agent_action  # noqa: F401  (registers the unruly decider and policy)
-from rudder.train.job import main
-sys.exit(main())
+runpy.run_path({os.path.join(REPO, "drivers", "train_jobs.py")!r}, run_name="__main__")
 """
 
 
-def test_bad_or_stale_actions_fall_back_with_their_reason_and_training_goes_on(parts, no_buffer, tmp_path):
-    script = tmp_path / "unruly.py"
+def test_bad_or_stale_actions_fall_back_with_their_reason_and_training_goes_on(parts, tmp_path):
+    """Both runs and the no-buffer one in one launch of drivers/train_jobs.py under ``LAUNCHER``."""
+    script, listed = tmp_path / "unruly.py", tmp_path / "jobs.json"
     script.write_text(LAUNCHER)
-    base = no_buffer(2)
-    env = dict(os.environ, PYTHONPATH=REPO)
-    for name, flags in (("unruly", ()), ("stale", ("--agent-stale-after", "1"))):
-        run = str(tmp_path / name)
-        cmd = [mpiexec(), "-n", "3", sys.executable, str(script), "--data", parts[2], "--run-dir", run, "--policy", "unruly",
-               "--agent-action", "structured", *COMMON, *flags]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        logs = read_logs(run)
+    unruly = ("--policy", "unruly", "--agent-action", "structured")
+    runs = {str(tmp_path / "none"): NO_BUFFER, str(tmp_path / "unruly"): unruly,
+            str(tmp_path / "stale"): (*unruly, "--agent-stale-after", "1")}
+    listed.write_text(json.dumps(jobs(parts[2], runs, agents=True)))
+    proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, str(script), str(listed)], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    base = losses(read_logs(tmp_path / "none"))
+    for name in ("unruly", "stale"):
+        logs = read_logs(tmp_path / name)
         assert all(log["status"] == "completed" for log in logs)
         for mine, theirs in zip(losses(logs), base):
             np.testing.assert_array_equal(mine, theirs)

@@ -218,10 +218,7 @@ def test_a_node_shared_buffer_resumes_from_its_first_trainers_file(parts, tmp_pa
     where a new empty buffer holds none until four lookups on its node have made its slots
     eviction candidates. (Hits and rows of a shared buffer depend on how its trainers
     interleave, so they are not compared.)"""
-    base = str(tmp_path / "base")
-    proc = run_train(4, *flags(parts, "fixed"), *SHARED, "--run-dir", base, env=TWO_NODES)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = str(tmp_path / "run")
+    base, run = str(tmp_path / "base"), str(tmp_path / "run")
     kill_after_checkpoint(start(4, flags(parts, "fixed", LONG) + SHARED + ["--run-dir", run, "--checkpoint-every", "7"],
                                 env=TWO_NODES), run, 41)
     killed_at = checkpoints.committed_counter(run)
@@ -229,7 +226,9 @@ def test_a_node_shared_buffer_resumes_from_its_first_trainers_file(parts, tmp_pa
     kept = [torch.load(os.path.join(where, f"rank-{r:05d}.pt"), weights_only=False)["assembly"]["buffer"] for r in range(4)]
     # ranks 0, 2 form node 0 and 1, 3 node 1 (round robin): each node's first trainer keeps its buffer
     assert ["owner" in k for k in kept] == [True, True, False, False]
-    proc = run_train(4, "--resume", run, "--epochs", "20", "--progress", "none", env=TWO_NODES)
+    # the resume, then the uninterrupted run it must equal, in one launch
+    proc = run_trains(4, [["--resume", run, "--epochs", "20", "--progress", "none"],
+                          [*flags(parts, "fixed"), *SHARED, "--run-dir", base]], tmp_path, env=TWO_NODES)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for a, b in zip(read_logs(base), read_logs(run), strict=True):
         assert b["status"] == "completed" and b["attrs"]["resumed"]
