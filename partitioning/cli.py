@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         if speaks:
             print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of the output went away (`| head`): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        return 128 + signal.SIGPIPE
     except (OSError, MemoryError) as e:
         if speaks:
             print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)

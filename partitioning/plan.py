@@ -27,6 +27,9 @@ from partitioning.spec import Options, parse_options, positional
 # to is not in its counts (3.9x the edges on RMAT-20, 33 bytes an edge: over-predicted; 5.6x on
 # RMAT-21); the interpreter with numpy, h5py and METIS loaded.
 METIS_BYTES_PER_EDGE = 46.0
+# The least METIS took beyond its input arrays on a graph that coarsens fast (RMAT-18, 29 bytes an
+# edge; RMAT-20 33): the plan prints the peak this gives beside the one it budgets.
+METIS_BYTES_PER_EDGE_FAST = 29.0
 METIS_BYTES_PER_NODE = 150.0
 # The multilevel path (partitioning/multilevel.py): METIS on at most a quarter of the edges, each
 # coarse graph on scratch disk between its uses, so besides the input CSR it holds the larger of
@@ -126,8 +129,10 @@ def level_edge_bytes(e: float, n: float, parts: int) -> int:
     return 8 if max(e / (CLUSTER_SHARE * parts), n) <= METIS_EDGE_LIMIT else 12
 
 
-def phase_bytes(g: GraphSize, parts: int, method: str = "auto") -> dict[str, float]:
-    """Bytes each phase holds beyond the interpreter (the model; see the module docstring)."""
+def phase_bytes(g: GraphSize, parts: int, method: str = "auto", metis_bytes_per_edge: float = METIS_BYTES_PER_EDGE
+                ) -> dict[str, float]:
+    """Bytes each phase holds beyond the interpreter (the model; see the module docstring), with
+    METIS taking ``metis_bytes_per_edge`` beyond its input arrays."""
     n, m, d = g.nodes, g.directed_edges, g.feat_dim
     e = m * g.kept_fraction
     i = 4 if n < 2**31 else 8
@@ -137,7 +142,7 @@ def phase_bytes(g: GraphSize, parts: int, method: str = "auto") -> dict[str, flo
     held_input = 8 * m / 2 if g.generated else 0
     csr = held_input + node_data + i * m + 16 * n + CHUNK_TEMP_BYTES  # buffer of every edge in, counts, cursors
     # METIS: the CSR as its adjncy, int32 xadj and three weights a node, and its own arrays
-    assign = node_data + i * e + 8 * n + (4 + 12) * n + METIS_BYTES_PER_EDGE * e + METIS_BYTES_PER_NODE * n
+    assign = node_data + i * e + 8 * n + (4 + 12) * n + metis_bytes_per_edge * e + METIS_BYTES_PER_NODE * n
     if assign_method(method, e) == "multilevel":
         # the CSR, its xadj (as METIS takes it, and in int64), the balance weights (as METIS takes
         # them, and in int64) and every level's cluster map
@@ -162,6 +167,8 @@ def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict
     phases = phase_bytes(g, parts, method)
     peak_phase = max(("generate", "csr", "assign", "write"), key=phases.get)
     peak = BASELINE_BYTES + phases[peak_phase]
+    fast = phase_bytes(g, parts, method, METIS_BYTES_PER_EDGE_FAST)
+    peak_fast = BASELINE_BYTES + max(fast[name] for name in ("generate", "csr", "assign", "write"))
     n, m, d, e = g.nodes, g.directed_edges, g.feat_dim, phases["edges"]
     disk = 4 * d * n + 8 * e + 60 * n + 4096 * parts  # float32 features (compact types: less), CSR, node data
     scratch = 4 * d * n if g.generated else 0
@@ -177,7 +184,7 @@ def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict
                           "random": 0.0}[ran] * e,
                "write": (SECONDS["write_per_edge"] * e + SECONDS["write_per_feature_byte"] * 4 * d * n) / ranks}
     return {"graph": g, "parts": parts, "ranks": ranks, "method": method, "phases": phases, "peak_phase": peak_phase,
-            "peak_bytes": peak,
+            "peak_bytes": peak, "peak_bytes_fast_coarsening": peak_fast,
             "other_rank_bytes": BASELINE_BYTES + phases["other_rank"],
             "bytes_per_edge": (peak - BASELINE_BYTES - phases["part_features"]) / e, "disk_bytes": disk,
             "scratch_bytes": scratch + levels, "levels_scratch_bytes": levels, "seconds": seconds,
@@ -198,7 +205,10 @@ def format_plan(p: dict) -> str:
              f"{g.feat_dim} features, {p['parts']} parts, {p['ranks']} rank(s)",
              f"predicted peak memory {p['peak_bytes'] / gib:.2f} GiB (rank 0, in the {p['peak_phase']} phase; "
              f"{p['bytes_per_edge']:.1f} bytes a directed edge beside one part's features)"
-             + (f"; other ranks {p['other_rank_bytes'] / gib:.2f} GiB" if p["ranks"] > 1 else ""),
+             + (f"; other ranks {p['other_rank_bytes'] / gib:.2f} GiB" if p["ranks"] > 1 else "")
+             + (f"; METIS keeps every coarse level, so a graph that coarsens fast needs less: "
+                f"{p['peak_bytes_fast_coarsening'] / gib:.2f} GiB at the least measured rate (docs/partitioning.md)"
+                if p["peak_bytes_fast_coarsening"] < p["peak_bytes"] else ""),
              f"  {'phase':<9} {'memory':>12} {'time':>8}"]
     lines += [f"  {name:<9} {p['phases'][name] / gib:8.2f} GiB {p['seconds'][name]:8.0f} s"
               for name in ("generate", "csr", "assign", "write")]

@@ -6,11 +6,14 @@ import json
 import os
 import pickle
 import re
+import signal
+import subprocess
+import sys
 
 import h5py
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, run_cli
+from conftest import BUNDLED_CORA, REPO, run_cli
 
 from rudder.data.partition_store import METADATA_FILE, sha256_file
 
@@ -340,6 +343,16 @@ def test_plan_predicts_without_running(tmp_path):
                    "--out", tmp_path / "never")
     assert rmat.returncode == 0 and "1048576 nodes, 33554432 directed edges" in rmat.stdout
     assert plan_figures(rmat.stdout)[0] < peak and not (tmp_path / "never").exists()
+    # METIS's coarse levels depend on the graph: the plan budgets the slowest measured coarsening
+    # and names the peak at the fastest; the multilevel path (papers100M) holds no METIS levels
+    fast = float(re.search(r"coarsens fast needs less: ([\d.]+) GiB", rmat.stdout).group(1))
+    assert 0.6 * plan_figures(rmat.stdout)[0] < fast < plan_figures(rmat.stdout)[0]
+    assert "coarsens fast" not in papers.stdout
+    # a reader that went away (`| head`) ends the tool quietly, as SIGPIPE ends other tools
+    piped = subprocess.Popen([sys.executable, "-m", "partitioning", "--plan", "--like", "papers100M", "--num-parts", "8"],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    piped.stdout.close()  # before the tool writes: its first write finds no reader
+    assert piped.wait(timeout=60) == 128 + signal.SIGPIPE and piped.stderr.read() == ""
     assert_one_line_error(run_cli("--plan", "--num-parts", 8), "--plan", "needs exactly one of --input SPEC or --like")
     assert_one_line_error(run_cli("--plan", "--input", f"planetoid:{BUNDLED_CORA}:cora", "--num-parts", 8),
                           "--plan", "not known without loading")
