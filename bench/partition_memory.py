@@ -93,7 +93,8 @@ def main() -> None:
           f"{os.cpu_count()} cores; "
           f"baseline {baseline / 2**20:.0f} MiB")
     print(f"{'scale':>5} {'parts':>5} {'dir. edges':>11} {'total s':>7} {'cpu s':>6} {'load s':>6} {'part s':>6} {'write s':>7} "
-          f"{'peak GiB':>8} {'B/edge':>6} {'plan GiB':>8} {'meas/plan':>9} {'fast GiB':>8} {'plan s':>6} {'disk GiB':>8}", flush=True)
+          f"{'peak GiB':>8} {'B/edge':>6} {'plan GiB':>8} {'meas/plan':>9} {'fast GiB':>8} {'plan s':>6} {'disk GiB':>8}",
+          flush=True)
     rows = []
     for item in a.runs.split(","):
         scale, parts = map(int, item.split(":"))

@@ -14,7 +14,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, as_older_log, read_logs, run_train, train_command
+from conftest import BUNDLED_CORA, REPO, as_older_log, read_logs, run_train, run_trains, train_command
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +143,12 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
 
     # without overlap no epoch is shortened by run-ahead: epochs 2..3 are steady (rudder.logs.metrics)
     flags = ("--epochs", "3", "--batch-size", "16", "--seed", "1", "--eval-every", "0", "--progress", "none")
+    # the run without a buffer, then local runs with one (two deltas of fixed), in one launch
     local = str(tmp_path / "local")
-    proc = run_train(2, "--data", cora2, "--run-dir", local, "--no-overlap", *flags, env={"MPIR_CVAR_NUM_CLIQUES": "1"})
+    buffered = {delta: str(tmp_path / f"buffered-d{delta}") for delta in (2, 5)}
+    proc = run_trains(2, [["--data", cora2, "--run-dir", local, "--no-overlap", *flags]]
+                      + [["--data", cora2, "--run-dir", run, "--no-overlap", "--policy", "fixed", "--delta", delta, *flags]
+                         for delta, run in buffered.items()], tmp_path, env={"MPIR_CVAR_NUM_CLIQUES": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     cpu = fit_cpu([local], cores=2)
     figures = {k: v for k, v in cpu.items() if k not in ("calibration", "buffer_cpu")}
@@ -163,13 +167,8 @@ def test_validate_with_a_calibrated_profile_compares_epoch_time(cora2, tmp_path)
     assert walled["calibration"]["seconds"] == ["wall"]
     assert walled["calibration"]["fits"]["sample_step"]["mean_seconds_one_core"] == pytest.approx(
         timed["t_sample"].mean() / 2)
-    # local runs with a buffer: what their buffer adds to the assembly over the run without one, per
-    # policy and settings (two deltas of fixed), and pooled per policy
-    buffered = {delta: str(tmp_path / f"buffered-d{delta}") for delta in (2, 5)}
-    for delta, run in buffered.items():
-        proc = run_train(2, "--data", cora2, "--run-dir", run, "--no-overlap", "--policy", "fixed", "--delta", str(delta),
-                         *flags, env={"MPIR_CVAR_NUM_CLIQUES": "1"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    # the runs with a buffer: what their buffer adds to the assembly over the run without one, per
+    # policy and settings, and pooled per policy
     both = fit_cpu([local, *buffered.values()], cores=2)
     assert {k: v for k, v in both.items() if k not in ("calibration", "buffer_cpu")} == \
         {k: v for k, v in cpu.items() if k not in ("calibration", "buffer_cpu")}  # the step's figures: the run without
