@@ -74,21 +74,39 @@ def uninterrupted(parts, tmp_path_factory):
 
 
 def kill_after_checkpoint(job, run: str, counter: int, ready=lambda checkpoint_counter: True):
-    """SIGKILL rank 0 of ``job`` once ``run`` has a checkpoint at minibatch ``counter`` or later
-    for which ``ready(checkpoint_counter)`` holds (for properties that only grow with the run)."""
+    """SIGKILL rank 0 of ``job`` once ``run``'s latest checkpoint is at minibatch ``counter`` or
+    later and ``ready(its counter)`` holds (for properties that only grow with the run). The ranks
+    are stopped while that is checked again and rank 0 killed: a newer checkpoint committed in
+    between (an agent writes its file only after the trainers commit) would be the one a resume
+    reads, unchecked."""
     try:
         deadline = time.monotonic() + 120
-        while job.poll() is None and time.monotonic() < deadline:
+        killed = False
+        while not killed and job.poll() is None and time.monotonic() < deadline:
             latest = checkpoints.committed_counter(run)
             if latest >= counter and ready(latest):
-                break
+                pids = rank_pids(run)
+                signal_all(pids, signal.SIGSTOP)
+                try:
+                    if ready(checkpoints.committed_counter(run)):  # still so, with nothing running
+                        os.kill(pids[0], signal.SIGKILL)
+                        killed = True
+                finally:
+                    signal_all(pids, signal.SIGCONT)
             time.sleep(0.05)
-        assert job.poll() is None, "the run ended before it could be killed"
-        os.kill(rank_pids(run)[0], signal.SIGKILL)
+        assert killed, "the run ended before it could be killed"
         job.communicate(timeout=60)
     finally:
         job.kill()
     return job
+
+
+def signal_all(pids: list[int], sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:  # ended meanwhile
+            pass
 
 
 def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(parts, uninterrupted, tmp_path):
