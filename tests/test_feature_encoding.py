@@ -59,6 +59,22 @@ def test_decode_into_rows_of_a_bigger_matrix(name):
     assert (out[6:] == -3.0).all()
 
 
+def test_bits_decode_a_block_at_a_time_as_at_once():
+    """Bits rows are unpacked in blocks of about 1 MB of bits: a read of several blocks (and a last
+    partial one), into consecutive and into scattered rows, widens to what unpacking it whole gives."""
+    dim = 4714  # Facebook's width: 222 rows a block
+    x = (RNG.random((500, dim)) < 0.05).astype(np.float32)
+    enc = FeatureEncoding("bits", dim)
+    stored = enc.encode(x)
+    assert 1 < 500 // max(1, (1 << 20) // dim) < 3  # blocks: two whole ones and a partial one
+    np.testing.assert_array_equal(bits_of(enc.decode(stored)), bits_of(x))
+    at = np.sort(RNG.choice(1200, 500, replace=False))
+    out = np.full((1200, dim), -3.0, np.float32)
+    enc.decode(stored, out, at)
+    np.testing.assert_array_equal(bits_of(out[at]), bits_of(x))
+    assert (np.delete(out, at, axis=0) == -3.0).all()
+
+
 def test_row_sizes():
     """Facebook's 4,714 binary columns: 18,856 bytes a row as float32, 590 as bits."""
     assert [FeatureEncoding(name, 4714).row_bytes for name in STORAGE_TYPES] == [18856, 9428, 9428, 4714, 590]

@@ -27,6 +27,9 @@ _STORED = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, 
 _FLOAT16_MAX = 65504.0
 _BFLOAT16_MAX = float(np.array([0x7F7F0000], np.uint32).view(np.float32)[0])  # 0x7F7F: its largest finite value
 _CHECK_BYTES = 1 << 26  # rows compared per chunk when checking exactness: bounds the temporaries
+# Bits rows are unpacked a block of rows at a time, about this many bytes of unpacked bits each: the
+# block stays in cache and no minibatch-sized temporary is made (docs/results-features.md)
+_UNPACK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -79,9 +82,16 @@ class FeatureEncoding:
         if at is None or (n and int(at[-1]) - int(at[0]) + 1 == n and bool((np.diff(at) == 1).all())):
             first = 0 if at is None or not n else int(at[0])
             self._widen(stored, out[first:first + n])
+        elif n and self.name == "bits":
+            for first in range(0, n, self._unpack_rows):
+                out[at[first:first + self._unpack_rows]] = self._values(stored[first:first + self._unpack_rows])
         elif n:
             out[at] = self._values(stored)
         return out
+
+    @property
+    def _unpack_rows(self) -> int:
+        return max(1, _UNPACK_BYTES // self.dim)
 
     def _values(self, stored: np.ndarray) -> np.ndarray:
         """The stored rows as an array that assigns exactly into float32 rows (bits unpacked to
@@ -103,6 +113,9 @@ class FeatureEncoding:
             if self.name == "bfloat16":
                 source = source.view(torch.int16).view(torch.bfloat16)
             torch.from_numpy(into).copy_(source)
+        elif self.name == "bits":
+            for first in range(0, stored.shape[0], self._unpack_rows):
+                into[first:first + self._unpack_rows] = self._values(stored[first:first + self._unpack_rows])
         else:
             into[...] = self._values(stored)
 
