@@ -82,16 +82,18 @@ class FeatureEncoding:
         if at is None or (n and int(at[-1]) - int(at[0]) + 1 == n and bool((np.diff(at) == 1).all())):
             first = 0 if at is None or not n else int(at[0])
             self._widen(stored, out[first:first + n])
-        elif n and self.name == "bits":
-            for first in range(0, n, self._unpack_rows):
-                out[at[first:first + self._unpack_rows]] = self._values(stored[first:first + self._unpack_rows])
         elif n:
-            out[at] = self._values(stored)
+            for rows, values in self._value_blocks(stored):
+                out[at[rows]] = values
         return out
 
-    @property
-    def _unpack_rows(self) -> int:
-        return max(1, _UNPACK_BYTES // self.dim)
+    def _value_blocks(self, stored: np.ndarray):
+        """(a slice of rows, ``_values`` of those rows) over ``stored``: bits a block of about
+        ``_UNPACK_BYTES`` unpacked at a time, the other types in one block."""
+        n = stored.shape[0]
+        step = max(1, _UNPACK_BYTES // self.dim) if self.name == "bits" else max(1, n)
+        for first in range(0, n, step):
+            yield slice(first, first + step), self._values(stored[first:first + step])
 
     def _values(self, stored: np.ndarray) -> np.ndarray:
         """The stored rows as an array that assigns exactly into float32 rows (bits unpacked to
@@ -113,11 +115,9 @@ class FeatureEncoding:
             if self.name == "bfloat16":
                 source = source.view(torch.int16).view(torch.bfloat16)
             torch.from_numpy(into).copy_(source)
-        elif self.name == "bits":
-            for first in range(0, stored.shape[0], self._unpack_rows):
-                into[first:first + self._unpack_rows] = self._values(stored[first:first + self._unpack_rows])
         else:
-            into[...] = self._values(stored)
+            for rows, values in self._value_blocks(stored):
+                into[rows] = values
 
     def compare(self, x: np.ndarray, stop_early: bool = False) -> tuple[bool, float]:
         """(whether storing ``x`` in this type is bit-exact, the largest absolute error), over
