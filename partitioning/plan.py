@@ -47,6 +47,7 @@ MULTILEVEL_CHUNK_BYTES = 100 << 20
 MULTILEVEL_SECONDS_PER_EDGE = 1.9e-6
 METIS_EDGE_LIMIT = 2**31 - 1
 BASELINE_BYTES = 84 << 20
+MEMORY_PHASES = ("generate", "csr", "assign", "write")  # one after another: the peak is the largest
 CHUNK_TEMP_BYTES = 4 * (1 << 22) * 12  # the CSR builder's temporaries for one 4M-edge chunk
 BLOCK_BYTES = 1 << 26
 RMAT_KEPT = 0.94
@@ -165,10 +166,10 @@ def phase_bytes(g: GraphSize, parts: int, method: str = "auto", metis_bytes_per_
 
 def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict:
     phases = phase_bytes(g, parts, method)
-    peak_phase = max(("generate", "csr", "assign", "write"), key=phases.get)
+    peak_phase = max(MEMORY_PHASES, key=phases.get)
     peak = BASELINE_BYTES + phases[peak_phase]
     fast = phase_bytes(g, parts, method, METIS_BYTES_PER_EDGE_FAST)
-    peak_fast = BASELINE_BYTES + max(fast[name] for name in ("generate", "csr", "assign", "write"))
+    peak_fast = BASELINE_BYTES + max(fast[name] for name in MEMORY_PHASES)
     n, m, d, e = g.nodes, g.directed_edges, g.feat_dim, phases["edges"]
     disk = 4 * d * n + 8 * e + 60 * n + 4096 * parts  # float32 features (compact types: less), CSR, node data
     scratch = 4 * d * n if g.generated else 0
@@ -211,7 +212,7 @@ def format_plan(p: dict) -> str:
                 if p["peak_bytes_fast_coarsening"] < p["peak_bytes"] else ""),
              f"  {'phase':<9} {'memory':>12} {'time':>8}"]
     lines += [f"  {name:<9} {p['phases'][name] / gib:8.2f} GiB {p['seconds'][name]:8.0f} s"
-              for name in ("generate", "csr", "assign", "write")]
+              for name in MEMORY_PHASES]
     lines.append(f"  (assign: {method}; write: shared by {p['ranks']} rank(s))")
     lines.append(f"predicted disk {p['disk_bytes'] / gib:.2f} GiB of partitions (float32 features; compact types "
                  f"less), scratch {(p['scratch_bytes'] - p['levels_scratch_bytes']) / gib:.2f} GiB"
