@@ -9,6 +9,10 @@ import subprocess
 import sys
 import tempfile
 
+# The launcher beside this interpreter (the venv's, from the mpich extra), and this checkout
+VENV_MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def cpu_ticks() -> list[int]:
     """The host's CPU time so far (/proc/stat: user, nice, system, idle, iowait, irq, softirq, steal)."""
@@ -17,9 +21,8 @@ def cpu_ticks() -> list[int]:
 
 
 def run_worker_job(script: str, argv: list[str], ranks: int, env: dict | None = None, timeout: int = 1200) -> dict:
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     with tempfile.TemporaryDirectory() as work:
-        proc = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", os.path.abspath(script),
+        proc = subprocess.run([VENV_MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", os.path.abspath(script),
                                "--worker", "--workdir", work, *argv],
                               capture_output=True, text=True, timeout=timeout,
                               env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
@@ -35,7 +38,7 @@ def add_worker_flags(ap) -> None:
     ap.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
 
 
-FACEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "musae")
+FACEBOOK = os.path.join(REPO, "..", "shared", "data", "musae")
 
 
 def cached_partition(spec: str, parts: int, out: str, feature_dtype: str = "auto") -> str:
@@ -108,9 +111,8 @@ def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[st
     MPICH told the host is CLIQUES nodes, behind ``wrapper`` if given (a shaped network:
     ``python -m rudder.netem ... --``); exits with the job's stderr on failure. Returns the rank
     log paths. ``repo``: whose drivers/train.py (and library: it runs its own), this one's by default."""
-    repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [*wrapper, os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
-           os.path.join(repo, "drivers", "train.py"), "--data", parts, "--run-dir", run_dir, *JOB_FLAGS, *flags]
+    cmd = [*wrapper, VENV_MPIEXEC, "-n", str(ranks), sys.executable, os.path.join(repo or REPO, "drivers", "train.py"),
+           "--data", parts, "--run-dir", run_dir, *JOB_FLAGS, *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                           env=dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(cliques)))
     if proc.returncode:
@@ -119,17 +121,17 @@ def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[st
 
 
 def launch_jobs(jobs: list, ranks: int, workdir: str, env: dict | None = None, timeout: float = 3600,
-                mpiexec: str | None = None) -> subprocess.CompletedProcess:
+                mpiexec: str | None = None, script: str | None = None) -> subprocess.CompletedProcess:
     """``mpiexec -n RANKS python drivers/train_jobs.py JOBS.json``: ``jobs`` (JOBS.json's entries,
     each an argument list or ``{"argv": [...], "trainers_only": bool}``) written to a new file in
     ``workdir``, run one after another in one launch; ``env`` adds to this process's environment,
-    ``mpiexec``: the launcher (the venv's by default)."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ``mpiexec``: the launcher (the venv's by default), ``script``: one that runs
+    drivers/train_jobs.py after setting up what its jobs need (a test registering its own policy)."""
     fd, path = tempfile.mkstemp(prefix="jobs-", suffix=".json", dir=workdir)
     with os.fdopen(fd, "w") as f:
         json.dump(jobs, f)
-    mpiexec = mpiexec or os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return subprocess.run([mpiexec, "-n", str(ranks), sys.executable, os.path.join(repo, "drivers", "train_jobs.py"), path],
+    script = script or os.path.join(REPO, "drivers", "train_jobs.py")
+    return subprocess.run([mpiexec or VENV_MPIEXEC, "-n", str(ranks), sys.executable, script, path],
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
 
 

@@ -75,16 +75,18 @@ def run_train(ranks: int, *args, timeout=300, env=None):
                           env=dict(os.environ, **(env or {})))
 
 
-def run_trains(ranks: int, jobs: list, workdir, timeout=600, env=None):
+def run_trains(ranks: int, jobs: list, workdir, timeout=600, env=None, script=None):
     """Several training jobs of ``ranks`` ranks in one launch (drivers/train_jobs.py, through
-    ``bench.mpi_job.launch_jobs``): ``jobs``, a list of argument lists as ``run_train`` takes them,
-    run one after another in the same processes (``{"argv": [...], "trainers_only": True}``: a job
-    without the agent ranks of the others, see drivers/train_jobs.py). A check of each job's logs is
-    a check of that job, as launched alone; only the start-up's imports are paid once."""
+    ``bench.mpi_job.launch_jobs``; ``script``: a launcher of its own that runs it): ``jobs``, a list
+    of argument lists as ``run_train`` takes them, run one after another in the same processes
+    (``{"argv": [...], "trainers_only": True}``: a job without the agent ranks of the others, see
+    drivers/train_jobs.py). A check of each job's logs is a check of that job, as launched alone;
+    only the start-up's imports are paid once."""
     def entry(job):
         return ({**job, "argv": [str(a) for a in job["argv"]]} if isinstance(job, dict) else [str(a) for a in job])
 
-    return launch_jobs([entry(job) for job in jobs], ranks, str(workdir), env=env, timeout=timeout, mpiexec=mpiexec())
+    return launch_jobs([entry(job) for job in jobs], ranks, str(workdir), env=env, timeout=timeout, mpiexec=mpiexec(),
+                       script=script and str(script))
 
 
 def read_logs(run_dir) -> list[dict]:

@@ -6,15 +6,12 @@ losses equal the no-buffer run's at 1, 2 and 4 trainers, and the simulator repla
 exactly (``--validate``)."""
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORA, REPO, mpiexec, read_logs, run_trains
+from conftest import BUNDLED_CORA, REPO, read_logs, run_trains
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -538,14 +535,12 @@ runpy.run_path({os.path.join(REPO, "drivers", "train_jobs.py")!r}, run_name="__m
 
 def test_bad_or_stale_actions_fall_back_with_their_reason_and_training_goes_on(parts, tmp_path):
     """Both runs and the no-buffer one in one launch of drivers/train_jobs.py under ``LAUNCHER``."""
-    script, listed = tmp_path / "unruly.py", tmp_path / "jobs.json"
+    script = tmp_path / "unruly.py"
     script.write_text(LAUNCHER)
     unruly = ("--policy", "unruly", "--agent-action", "structured")
     runs = {str(tmp_path / "none"): NO_BUFFER, str(tmp_path / "unruly"): unruly,
             str(tmp_path / "stale"): (*unruly, "--agent-stale-after", "1")}
-    listed.write_text(json.dumps(jobs(parts[2], runs, agents=True)))
-    proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, str(script), str(listed)], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, PYTHONPATH=REPO))
+    proc = run_trains(3, jobs(parts[2], runs, agents=True), tmp_path, env={"PYTHONPATH": REPO}, script=script)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     base = losses(read_logs(tmp_path / "none"))
     for name in ("unruly", "stale"):
