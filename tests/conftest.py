@@ -137,6 +137,15 @@ def rank_pids(run) -> list[int]:
     return pids
 
 
+def signal_all(pids: list[int], sig) -> None:
+    """Send ``sig`` to each of ``pids`` that is still running (a rank may end meanwhile)."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def run_cli(*args, cwd=REPO, timeout=300, env=None):
     """Run ``python -m partitioning ARGS`` as a user would; returns the CompletedProcess."""
     full_env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import BUNDLED_CORA, as_older_log, rank_pids, read_logs, run_train, run_trains, train_command
+from conftest import BUNDLED_CORA, as_older_log, rank_pids, read_logs, run_train, run_trains, signal_all, train_command
 
 from rudder.logs import checkpoints
 
@@ -99,14 +99,6 @@ def kill_after_checkpoint(job, run: str, counter: int, ready=lambda checkpoint_c
     finally:
         job.kill()
     return job
-
-
-def signal_all(pids: list[int], sig) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:  # ended meanwhile
-            pass
 
 
 def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(parts, uninterrupted, tmp_path):

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import BUNDLED_CORA, rank_pids, read_logs, train_command
+from conftest import BUNDLED_CORA, rank_pids, read_logs, signal_all, train_command
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +45,7 @@ def start_and_freeze(parts, run, pause: float, epochs: int):
         job.wait(timeout=pause)
     except subprocess.TimeoutExpired:
         pass
-    try:
-        os.kill(frozen, signal.SIGCONT)
-    except ProcessLookupError:  # the job ended meanwhile (the watchdog's doing), the frozen rank with it
-        pass
+    signal_all([frozen], signal.SIGCONT)  # unless the job ended meanwhile (the watchdog's doing), the rank with it
     return job
 
 
