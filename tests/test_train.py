@@ -23,6 +23,8 @@ CORA_SHARED = os.path.join(SHARED_DATA, "planetoid", "ind.cora.graph")
 # Cora, for the accuracy comparison: hidden 128 keeps seed-to-seed spread near 1 point
 # (hidden 16 spreads about 1.5); batch 16 per trainer x 4 trainers ~ the reference's 48.
 CORA_RUN = ["--epochs", 50, "--hidden", 128, "--batch-size", 16, "--eval-every", 0, "--progress", "none"]
+# how far a thread's CPU seconds may exceed the wall seconds of the same interval: the clocks' disagreement
+CLOCK_SKEW = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -230,11 +232,14 @@ def test_log_contents(cora4, tmp_path):
         assert ep["eval_inference"].tolist() == [-1, layerwise, layerwise]
         assert ep["eval_rows_rma"][0] == ep["eval_rows_shared"][0] == 0 and (ep["eval_rows_rma"][1:] > 0).all()
         assert (ep["eval_bytes_rma"][1:] > 0).all() and ep["eval_rows_rma"][1] == ep["eval_rows_rma"][2]
-        # each phase's CPU seconds: its thread's own, so no more than the phase's wall seconds (the two clocks are
-        # read microseconds apart), and some for every minibatch sampled and trained
+        # each phase's CPU seconds: its thread's own, so no more than the phase's wall seconds, and some for every
+        # minibatch sampled and trained. Over one interval a VM's thread CPU clock can run ahead of the monotonic
+        # clock by a fraction of a millisecond (docs/testing.md), hence the 1 ms allowed a minibatch and the run.
         for cpu, wall in (("cpu_sample", ["t_sample"]), ("cpu_fetch", ["t_fetch"]), ("cpu_copy", ["t_copy"]),
                           ("cpu_compute", ["t_forward_backward", "t_update"])):
-            assert (mb[cpu] >= 0).all() and (mb[cpu] <= sum(mb[t] for t in wall) + 1e-4).all(), cpu
+            wall_seconds = sum(mb[t] for t in wall)
+            assert (mb[cpu] >= 0).all() and (mb[cpu] <= wall_seconds + CLOCK_SKEW).all(), cpu
+            assert mb[cpu].sum() <= wall_seconds.sum() + CLOCK_SKEW, cpu
         assert (mb["cpu_sample"] > 0).all() and (mb["cpu_compute"] > 0).all()
         # The trace holds each minibatch's remote input IDs, none of them owned here.
         assert len(f["trace"]) == mb.shape[0] and [t.size for t in f["trace"]] == mb["input_remote"].tolist()
