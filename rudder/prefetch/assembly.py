@@ -32,6 +32,7 @@ from rudder.logs import metrics
 from rudder.prefetch.buffers import BufferSettings, PrefetchBuffer, find_sorted
 from rudder.prefetch.observation import MinibatchView
 from rudder.prefetch.policies import ASKERS, Policy
+from rudder.prefetch.row_blocks import RowBlocks
 
 
 @dataclass
@@ -70,15 +71,16 @@ class UncachedFeatures:
 
     buffer = None
 
-    def __init__(self, store):
+    def __init__(self, store, in_flight: int = 3):
         self.store, self.counter = store, 0
+        self.blocks = RowBlocks(store.dim, in_flight)
 
     def fill(self) -> ReadStats:
         return ReadStats()
 
     def assemble(self, input_nodes: np.ndarray, future: list[np.ndarray] = ()) -> tuple[np.ndarray, AssemblyStats]:
         t = time.perf_counter()
-        x, fetch = self.store.gather(input_nodes)
+        x, fetch = self.store.gather(input_nodes, out=self.blocks.take(input_nodes.size))
         self.counter += 1
         return x, AssemblyStats(fetch, t_gather=time.perf_counter() - t)
 
@@ -90,10 +92,13 @@ class UncachedFeatures:
 
 
 class CachedFeatures:
-    def __init__(self, store, buffer: PrefetchBuffer, policy: Policy, compat: bool = False, shared=None):
+    def __init__(self, store, buffer: PrefetchBuffer, policy: Policy, compat: bool = False, shared=None,
+                 in_flight: int = 3):
         """``compat``: fetch refills and misses as the reference does (a refill that is also a miss
-        twice); ``shared``: a ``NodeSharedArrays`` when the node's trainers share this buffer."""
+        twice); ``shared``: a ``NodeSharedArrays`` when the node's trainers share this buffer;
+        ``in_flight``: the input matrices a run holds at once (``RowBlocks``)."""
         self.store, self.buffer, self.policy, self.compat, self.shared = store, buffer, policy, compat, shared
+        self.blocks = RowBlocks(store.dim, in_flight)
         self.counter = self.hit_total = self.miss_total = 0
         self.lock = shared.lock if shared is not None else contextlib.nullcontext
         self.init_stats = ReadStats()
@@ -146,7 +151,7 @@ class CachedFeatures:
             rep = buf.replace(look, asked, pending=shared, budget=budget, claim=self.policy.capacity_claim())
             refill_ids = rep.inserted if rep is not None else np.zeros(0, dtype=np.int64)
             # a row per input node, and past them room for the refills that are not inputs
-            rows = np.empty((nodes.size + refill_ids.size, self.store.dim), dtype=np.float32)
+            rows = self.blocks.take(nodes.size + refill_ids.size)
             x = rows[:nodes.size]
             if shared:
                 take_rows(buf.features, look.slots, x, np.flatnonzero(look.hit))
@@ -204,10 +209,11 @@ class CachedFeatures:
 
 
 def feature_source(store, policy: Policy, settings: BufferSettings, partition, num_nodes: int, rng: np.random.Generator,
-                   shared=None, ranking=None) -> UncachedFeatures | CachedFeatures:
+                   shared=None, ranking=None, in_flight: int = 3) -> UncachedFeatures | CachedFeatures:
     """The store itself, or the store behind the buffer ``policy`` asks for (``buffer_class``);
-    ``ranking``: what a ``--buffer-init vip`` fill ranks by (``rudder.prefetch.vip.fill_ranking``)."""
+    ``ranking``: what a ``--buffer-init vip`` fill ranks by (``rudder.prefetch.vip.fill_ranking``);
+    ``in_flight``: the input matrices a run holds at once (queued, assembling, training)."""
     if policy.buffer_class is None:
-        return UncachedFeatures(store)
+        return UncachedFeatures(store, in_flight)
     buffer = policy.buffer_class.build(settings, partition, num_nodes, store.dim, rng, shared, ranking)
-    return CachedFeatures(store, buffer, policy, settings.compat, shared)
+    return CachedFeatures(store, buffer, policy, settings.compat, shared, in_flight)

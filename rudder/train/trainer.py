@@ -204,7 +204,7 @@ class Trainer:
                                                  ranking)
         self.features = feature_source(self.store, self.policy, settings, buffered, self.meta.num_nodes,
                                        np.random.default_rng([cfg.training.seed, 2, layout.partition_id]), self.shared,
-                                       ranking)
+                                       ranking, in_flight=cfg.sampling.prefetch_depth + 2)  # queued, assembling, training
         if self.resumed:  # the checkpoint holds the buffer's IDs and scores; its rows are read again
             self.features.load_state_dict(self.resumed.rank_state["assembly"])
         self.fill = self.features.fill()
@@ -412,6 +412,7 @@ class Trainer:
         if complete and (epoch == self.cfg.training.epochs - 1 or (every and (epoch + 1) % every == 0)):
             t = time.perf_counter()
             self.watchdog.doing("training thread", f"evaluating after epoch {epoch}")
+            self.features.blocks.release_idle()  # the evaluation's own peak comes on top of what stays
             done = self.evaluator.evaluate(self.model, self.phases.of_epoch(epoch).fanouts, progress=self.watchdog.progress)
             self.last_eval = done.accuracy
             result.update(val_acc=self.last_eval["val"], test_acc=self.last_eval["test"],
