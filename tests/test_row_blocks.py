@@ -1,8 +1,8 @@
-"""The assemblers' input matrices are reused only once nothing refers to them (rudder.prefetch.row_blocks)."""
+"""The assemblers' input matrices are reused only once nothing refers to them (rudder.data.row_blocks)."""
 import numpy as np
 import torch
 
-from rudder.prefetch.row_blocks import RowBlocks
+from rudder.data.row_blocks import RowBlocks
 
 
 def test_a_block_comes_back_only_when_no_view_or_tensor_holds_it():

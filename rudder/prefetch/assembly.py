@@ -28,11 +28,11 @@ import numpy as np
 
 from rudder.comm import gate
 from rudder.comm.dist_array import ReadStats, take_rows
+from rudder.data.row_blocks import RowBlocks
 from rudder.logs import metrics
 from rudder.prefetch.buffers import BufferSettings, PrefetchBuffer, find_sorted
 from rudder.prefetch.observation import MinibatchView
 from rudder.prefetch.policies import ASKERS, Policy
-from rudder.prefetch.row_blocks import RowBlocks
 
 
 @dataclass

@@ -47,6 +47,7 @@ from mpi4py import MPI
 from rudder.comm import gate
 from rudder.comm.dist_array import DistributedArray, ReadStats
 from rudder.data.feature_store import NodeRows
+from rudder.data.row_blocks import RowBlocks
 from rudder.logs.schema import EVAL_INFERENCES
 from rudder.sampling.neighbors import EVAL_CHUNK_EDGES, NeighborSampler, Neighbourhood, edge_chunks, full_neighbourhood
 from rudder.sampling.schedule import my_share
@@ -94,6 +95,7 @@ class Evaluator:
         self.adjacency, self.exposer, self.eval_sets = adjacency, exposer, eval_sets
         self.batch_size, self.device = batch_size, device
         self.inference, self.seed = inference, seed
+        self.blocks: dict[int, RowBlocks] = {}  # each width's input matrices, reused within an evaluation
         self.scored = np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s in eval_sets.values()] or
                                                [np.zeros(0, dtype=np.int64)]))
 
@@ -127,6 +129,7 @@ class Evaluator:
         result.accuracy = {name: float(counts[2 * i] / counts[2 * i + 1]) if counts[2 * i + 1] else float("nan")
                            for i, name in enumerate(self.eval_sets)}
         model.train(was_training)
+        self.blocks.clear()
         give_back_heap()  # the evaluation's freed arrays, before the rank's memory is sampled
         return result
 
@@ -178,12 +181,19 @@ class Evaluator:
         read once and held, then each layer over its own destinations."""
         logits = [np.zeros((0, model.widths[-1]), dtype=np.float32)]
         for mb in neighbourhoods:
-            x, reads = self.features.gather(mb.input_nodes)
+            x, reads = self._read(self.features, mb.input_nodes)
             result.reads.add(reads)
             logits.append(self._forward(model, mb, torch.from_numpy(x).to(self.device)).cpu().numpy())
             del mb, x
             progress()
         return np.concatenate(logits)
+
+    def _read(self, inputs: NodeRows, nodes: np.ndarray):
+        """``inputs.gather(nodes)`` into a matrix of an earlier minibatch's, once it is free: an
+        evaluation reads one at a time, each a fresh mapping otherwise (``RowBlocks``)."""
+        if inputs.dim not in self.blocks:
+            self.blocks[inputs.dim] = RowBlocks(inputs.dim, keep=1)
+        return inputs.gather(nodes, out=self.blocks[inputs.dim].take(nodes.size))
 
     def _forward(self, model, mb: Neighbourhood, h: torch.Tensor, first: int = 0) -> torch.Tensor:
         """Layers ``first``, ``first`` + 1, ... over ``mb``'s layers from its input rows ``h``, each
@@ -245,7 +255,7 @@ class Evaluator:
         neighbour: no randomness), its in-edges read and aggregated a bounded number at a time."""
         mb = full_neighbourhood(self.adjacency, dst, 1, EVAL_CHUNK_EDGES)
         result.adjacency.add(mb.stats)
-        x, reads = inputs.gather(mb.input_nodes)
+        x, reads = self._read(inputs, mb.input_nodes)
         result.reads.add(reads)
         return self._forward(model, mb, torch.from_numpy(x).to(self.device), first=layer)
 
