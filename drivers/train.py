@@ -9,10 +9,17 @@ shows progress and prints a summary. ``--help`` lists every option (docs/options
 ``--config FILE`` takes them from a TOML or JSON file. Exit status: 0 done, 2 bad input,
 130/143 stopped by SIGINT/SIGTERM. The job itself is ``rudder.train.job``.
 """
+import gc
 import os
 import sys
 
 import mpi4py
+
+# The imports (mpi4py, numpy, h5py, the library; torch once a rank knows it trains) make objects
+# that live for the whole run, and the collector's hundreds of passes over them cost 5-9% of the
+# imports' CPU (docs/results-scale.md): it stays off until rudder.train.job has imported the rank's
+# role.
+gc.disable()
 
 # The pipeline thread issues RMA and sends while the main thread is in a collective: ask for
 # MPI_THREAD_MULTIPLE before MPI starts (the job checks that it was granted).

@@ -43,15 +43,17 @@ def logged_minibatches(path) -> int:
         return f["minibatches"].shape[0]
 
 
-# Runs each rank's job (rudder.train.job, as drivers/train.py does) and records afterwards which of
-# the heavy libraries it had imported: one file per rank in $CHECK_DIR, e.g. "dgl=False torch=True".
-IMPORT_CHECK = ("import os, sys, mpi4py\n"
+# Runs each rank's job (rudder.train.job, as drivers/train.py does: the collector off for the
+# imports) and records afterwards which of the heavy libraries it had imported and whether its role
+# turned the collector back on: one file per rank in $CHECK_DIR, e.g. "dgl=False torch=True gc=True".
+IMPORT_CHECK = ("import gc, os, sys, mpi4py\n"
+                "gc.disable()\n"
                 "mpi4py.rc.thread_level = 'multiple'\n"
                 "from mpi4py import MPI\n"
                 "from rudder.train.job import main\n"
                 "status = main(sys.argv[1:])\n"
                 "with open(os.path.join(os.environ['CHECK_DIR'], f'rank-{MPI.COMM_WORLD.rank}'), 'w') as f:\n"
-                "    f.write(' '.join(f'{m}={m in sys.modules}' for m in ('dgl', 'torch')))\n"
+                "    f.write(' '.join(f'{m}={m in sys.modules}' for m in ('dgl', 'torch')) + f' gc={gc.isenabled()}')\n"
                 "sys.exit(status)\n")
 
 
@@ -159,13 +161,14 @@ def test_the_log_holds_start_up_phases_and_memory_by_owner(cora4, cora_impls):
 def test_training_step_imports_no_dgl(cora_impls):
     """With --model-impl torch nothing imports DGL, start-up to the end of training and evaluation
     (so a machine without DGL trains); with --model-impl dgl the same check sees it."""
-    assert cora_impls[1] == {"torch": {r: "dgl=False torch=True" for r in range(4)},
-                             "dgl": {r: "dgl=True torch=True" for r in range(4)}}
+    assert cora_impls[1] == {"torch": {r: "dgl=False torch=True gc=True" for r in range(4)},
+                             "dgl": {r: "dgl=True torch=True gc=True" for r in range(4)}}
 
 
 def test_only_trainers_import_torch(cora4, tmp_path):
     """torch is the trainer's (2.4 s of a rank's start-up here): an agent rank never imports it,
-    nor does any rank of a job that a start-up check stops."""
+    nor does any rank of a job that a start-up check stops; the collector, off for the imports, is
+    back on in both roles."""
     run = tmp_path / "run"
     args = ["--data", cora4, "--run-dir", run, "--epochs", 1, "--batch-size", 64, "--progress", "none",
             "--policy", "heuristic"]
@@ -173,13 +176,13 @@ def test_only_trainers_import_torch(cora4, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     roles = {r: f["role"] for r, f in enumerate(logs(run))}
     assert sorted(roles.values()) == ["agent"] + ["trainer"] * 4, roles
-    assert seen == {r: f"dgl=False torch={role == 'trainer'}" for r, role in roles.items()}
+    assert seen == {r: f"dgl=False torch={role == 'trainer'} gc=True" for r, role in roles.items()}  # each role collects
     # Stopped by a check: the layout's (4 partitions, 2 ranks), then the fanouts' (every rank parses them).
     for ranks, bad in ((2, []), (4, ["--fanouts", "10,x"])):
         proc, seen = imports_by_rank(ranks, ["--data", cora4, "--run-dir", tmp_path / "bad", *bad],
                                      tmp_path / f"check-bad-{ranks}")
         assert proc.returncode == 2, proc.stderr[-3000:]
-        assert seen == {r: "dgl=False torch=False" for r in range(ranks)}
+        assert seen == {r: "dgl=False torch=False gc=False" for r in range(ranks)}
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():

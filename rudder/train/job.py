@@ -16,6 +16,7 @@ check stops, starts in a fraction of that.
 from __future__ import annotations
 
 import contextlib
+import gc
 import glob
 import io
 import os
@@ -197,6 +198,7 @@ def train(cfg, layout, meta, clock: StartupClock) -> int:
         from rudder.train.trainer import Trainer
 
         clock.mark("trainer imports")
+        gc.enable()  # the entry points turn it off for the imports (drivers/train.py)
         trainer = Trainer(cfg, layout, meta, stop, clock)
         progress = (Progress(cfg.output.progress, cfg.training.epochs, trainer.phases.total)
                     if layout.world.rank == 0 else None)
@@ -229,6 +231,7 @@ def main(argv=None, world=None) -> int:
             print(f"train.py: error: {error}", file=sys.stderr, flush=True)
         return 2
     if layout.is_agent:  # this node's agent: serve the trainers' decisions, then leave
+        gc.enable()
         try:
             run_agent(cfg, layout, meta)
         except Exception as e:
