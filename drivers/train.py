@@ -26,7 +26,8 @@ gc.disable()
 mpi4py.rc.thread_level = "multiple"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from rudder.comm.runtime import leave  # noqa: E402
 from rudder.train.job import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from mpi4py import MPI  # noqa: E402
 
+from rudder.comm.runtime import leave  # noqa: E402
 from rudder.train.job import main  # noqa: E402
 
 if len(sys.argv) != 2:
@@ -58,3 +59,4 @@ for k, job in enumerate(jobs):
         time.sleep(0.005)
     if world.rank == 0:
         print(f"== job {k} done", flush=True)
+leave(0)
