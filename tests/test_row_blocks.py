@@ -1,8 +1,15 @@
 """The assemblers' input matrices are reused only once nothing refers to them (rudder.data.row_blocks)."""
+import time
+import types
+
 import numpy as np
+import pytest
 import torch
 
+from rudder.comm.dist_array import ReadStats
 from rudder.data.row_blocks import RowBlocks
+from rudder.prefetch.assembly import AssemblyStats
+from rudder.prefetch.pipeline import MinibatchPipeline, matrices_in_flight
 
 
 def test_a_block_comes_back_only_when_no_view_or_tensor_holds_it():
@@ -56,3 +63,35 @@ def test_too_small_idle_blocks_make_way_and_no_more_than_keep_idle_stay():
     assert blocks.take(900).base is not small.base and blocks.reused == 1
     blocks.release_idle()
     assert [b.shape[0] for b in blocks.blocks] == [small.base.shape[0]]  # only the busy one stays
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_a_pipeline_needs_no_more_blocks_than_matrices_in_flight_and_never_overwrites_a_held_one(depth):
+    """The real pipeline thread filling blocks while the consumer holds one a step, as the trainer's
+    ``step`` does: each matrix still holds its own minibatch's rows when trained, and the pool
+    (and rudder.plan's minibatch term) needs ``matrices_in_flight(depth)`` blocks at most."""
+    class Sampler:
+        def sample(self, seeds, key):
+            return types.SimpleNamespace(input_nodes=seeds)
+
+    class Assembler:
+        blocks = RowBlocks(dim=3, keep=matrices_in_flight(depth))
+
+        def assemble(self, nodes, future):
+            x = self.blocks.take(nodes.size)
+            x[:] = nodes[:, None]
+            return x, AssemblyStats(ReadStats())
+
+    schedule = ((0, step, np.arange(200, dtype=np.int64) + step) for step in range(40))
+    assembler = Assembler()
+    pipeline = MinibatchPipeline(schedule, Sampler(), assembler, depth)
+
+    def step():
+        item, _ = pipeline.next()
+        time.sleep(0.002)  # the step's compute, while the pipeline prepares the next ones
+        assert (item.x == item.seeds[:, None]).all(), item.step
+
+    for _ in range(40):
+        step()
+    pipeline.close()
+    assert assembler.blocks.fresh <= matrices_in_flight(depth) and assembler.blocks.reused == 40 - assembler.blocks.fresh

@@ -11,8 +11,9 @@ Memory (PSS, what a rank adds to its node), by owner:
 * features: its own part's rows in the feature window, at the stored row size;
 * buffer: the policy's buffer built for real at a small halo and scaled to the part's (its arrays
   are per slot and per halo node), so a policy's buffer class is costed by its own code;
-* minibatches in flight: the pipeline's prepared minibatches (depth + 1) with their float32 inputs
-  and blocks, from the simulator's sampling where it can sample the graph;
+* minibatches in flight: the input matrices a trainer holds at once (``matrices_in_flight``: the
+  queue's, the one being prepared and the one being trained) with their float32 rows and blocks,
+  from the simulator's sampling where it can sample the graph;
 * evaluation (transient, after an epoch, given back when it ends): what the evaluation holds at
   its high point (``evaluation_bytes``), the inference ``auto`` would take decided as the trainers
   decide it: ``layerwise`` a hidden layer's window over the rank's own nodes and one batch's
@@ -35,6 +36,7 @@ import numpy as np
 from rudder.data.adjacency import REPLICATE_MAX_BYTES
 from rudder.plan.graphs import HALO_FILE_BYTES, NODE_FILE_BYTES, GraphShape, Part
 from rudder.prefetch.buffers import BufferSettings
+from rudder.prefetch.pipeline import matrices_in_flight
 from rudder.prefetch.policies import make_policy
 from rudder.sampling.neighbors import EVAL_CHUNK_EDGES
 from rudder.train.footprint import array_bytes
@@ -248,7 +250,8 @@ def memory(graph: GraphShape, part: Part, cfg, layout: Layout, mb: Minibatches, 
     topo = topology(cfg, graph)
     csr = 8 * (part.owned + 1 + part.in_edges) if topo == "distributed" else graph.csr_bytes // layout.trainers_per_node
     buffer, _ = buffer_bytes(cfg, part, graph.num_nodes, dim)
-    in_flight = (cfg.sampling.prefetch_depth + 1) * (mb.input_nodes * 4 * dim + mb.sampled_edges * BLOCK_EDGE_BYTES)
+    in_flight = matrices_in_flight(cfg.sampling.prefetch_depth) * (mb.input_nodes * 4 * dim
+                                                                   + mb.sampled_edges * BLOCK_EDGE_BYTES)
     return {"runtime": runtime.pss(layout.ranks_per_host), "model": 16 * model_params(graph, cfg),
             "graph": NODE_BYTES * part.owned + HALO_BYTES * part.halo + SEED_BYTES * part.train + csr,
             "features": part.owned * row, "buffer": buffer, "minibatches": int(in_flight),

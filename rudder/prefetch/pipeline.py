@@ -24,6 +24,13 @@ from rudder.prefetch.assembly import AssemblyStats
 from rudder.sampling.neighbors import SampledMinibatch
 
 
+def matrices_in_flight(depth: int) -> int:
+    """The input matrices a trainer holds at once (what ``RowBlocks`` keeps): with the thread,
+    ``depth`` in the queue, one being prepared and the one being trained; without it, only the one
+    being trained (the next is prepared once the step has let it go)."""
+    return depth + 2 if depth else 1
+
+
 @dataclass
 class Prepared:
     epoch: int

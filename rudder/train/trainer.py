@@ -40,7 +40,7 @@ from rudder.logs.writer import RunLog, log_path, open_log
 from rudder.prefetch.assembly import feature_source
 from rudder.prefetch.buffers import BufferSettings
 from rudder.prefetch.node_pool import gather_node_pool
-from rudder.prefetch.pipeline import MinibatchPipeline, Prepared
+from rudder.prefetch.pipeline import MinibatchPipeline, Prepared, matrices_in_flight
 from rudder.prefetch.policies import PolicyContext, make_policy
 from rudder.prefetch.vip import fill_ranking
 from rudder.sampling.neighbors import NeighborSampler
@@ -204,7 +204,7 @@ class Trainer:
                                                  ranking)
         self.features = feature_source(self.store, self.policy, settings, buffered, self.meta.num_nodes,
                                        np.random.default_rng([cfg.training.seed, 2, layout.partition_id]), self.shared,
-                                       ranking, in_flight=cfg.sampling.prefetch_depth + 2)  # queued, assembling, training
+                                       ranking, in_flight=matrices_in_flight(cfg.sampling.prefetch_depth))
         if self.resumed:  # the checkpoint holds the buffer's IDs and scores; its rows are read again
             self.features.load_state_dict(self.resumed.rank_state["assembly"])
         self.fill = self.features.fill()
