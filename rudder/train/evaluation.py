@@ -197,25 +197,21 @@ class Evaluator:
 
     def _forward(self, model, mb: Neighbourhood, h: torch.Tensor, first: int = 0) -> torch.Tensor:
         """Layers ``first``, ``first`` + 1, ... over ``mb``'s layers from its input rows ``h``, each
-        layer call aggregating at most ``EVAL_CHUNK_EDGES`` in-edges: a call over a few
-        destinations' in-edges still computes every destination's row over all the layer's sources
-        and keeps those whose edges it had, so that each matrix product has the shape, and its rows
-        the bits, of the whole layer's (torch's CPU products give other bits to a product of fewer
-        rows), and each row sums the same neighbours in the same order."""
+        layer's in-edges read and aggregated at most ``EVAL_CHUNK_EDGES`` at a time
+        (``GraphSAGE.layer_forward_in_pieces``): the layer's matrix products have the shape, and
+        their rows the bits, of the whole layer's (torch's CPU products give other bits to a
+        product of fewer rows), and each row sums the same neighbours in the same order."""
         for i in range(mb.num_layers):
             pieces = edge_chunks(np.diff(mb.indptr[i]), EVAL_CHUNK_EDGES)
             if len(pieces) <= 1:
-                h = self._piece_forward(model, first + i, mb.layer(i), h)
-                continue
-            out = torch.empty((mb.sizes[i + 1], model.widths[first + i + 1]), dtype=torch.float32, device=self.device)
-            for a, b in pieces:
-                out[a:b] = self._piece_forward(model, first + i, mb.layer(i, a, b), h)[a:b]
-            h = out
+                h = model.layer_forward(first + i, self._block(model, mb.layer(i)), h)
+            else:  # one piece's block at a time
+                blocks = ((self._block(model, mb.layer(i, a, b)), a, b) for a, b in pieces)
+                h = model.layer_forward_in_pieces(first + i, mb.sizes[i + 1], blocks, h)
         return h
 
-    def _piece_forward(self, model, layer: int, piece, h: torch.Tensor) -> torch.Tensor:
-        block = model.blocks([piece], backward=False)[0].to(self.device)
-        return model.layer_forward(layer, block, h)
+    def _block(self, model, layer):
+        return model.blocks([layer], backward=False)[0].to(self.device)
 
     # -- layerwise -----------------------------------------------------------------------------
     def _layerwise(self, model, result: Evaluation, progress) -> np.ndarray:

@@ -42,6 +42,22 @@ class GraphSAGE(nn.Module):
             h = self.dropout(torch.relu(h))
         return h
 
+    def layer_forward_in_pieces(self, i: int, num_dst: int, pieces, h: torch.Tensor) -> torch.Tensor:
+        """``layer_forward`` over layer i's block given as ``pieces`` of ``(block, a, b)``, each
+        block the in-edges of destinations a:b (``SAGEConv.forward_in_pieces``: the products once).
+        DGL's layer takes whole blocks: each piece runs the layer over every destination, its own
+        rows kept, so that each product still has the whole layer's shape and bits."""
+        if self.impl == "torch":
+            h = self.layers[i].forward_in_pieces(num_dst, pieces, h)
+        else:
+            out = torch.empty((num_dst, self.widths[i + 1]), dtype=h.dtype, device=h.device)
+            for block, a, b in pieces:
+                out[a:b] = self.layers[i](block, h)[a:b]
+            h = out
+        if i < len(self.layers) - 1:
+            h = self.dropout(torch.relu(h))
+        return h
+
     def forward(self, blocks: list, x: torch.Tensor) -> torch.Tensor:
         h = x
         for i, block in enumerate(blocks):

@@ -166,5 +166,18 @@ class SAGEConv(nn.Module):
             h_neigh = self.fc_neigh(mean_aggregate(block, h))
         return self.fc_self(h_dst) + h_neigh
 
+    def forward_in_pieces(self, num_dst: int, pieces, h: torch.Tensor) -> torch.Tensor:
+        """``forward`` over a block given as ``pieces``, an iterable of ``(block, a, b)``: a block
+        holding only the in-edges of destinations a:b (an evaluation reads and aggregates a bounded
+        number of in-edges at a time). The matrix products run once, over the whole layer's rows,
+        so the result has ``forward``'s bits on the whole block; each destination's mean comes from
+        its own piece, summing the same neighbours in the same order."""
+        narrowed = self.in_feats > self.out_feats
+        source_rows = self.fc_neigh(h) if narrowed else h
+        means = torch.empty((num_dst, source_rows.shape[1]), dtype=h.dtype, device=h.device)
+        for block, a, b in pieces:
+            means[a:b] = mean_aggregate(block, source_rows)[a:b]
+        return self.fc_self(h[:num_dst]) + (means if narrowed else self.fc_neigh(means))
+
     def extra_repr(self) -> str:
         return f"{self.in_feats}, {self.out_feats}, aggregator=mean"
