@@ -20,11 +20,7 @@ import time
 
 import mpi4py
 
-# The imports (mpi4py, numpy, h5py, the library; torch once a rank knows it trains) make objects
-# that live for the whole run, and the collector's hundreds of passes over them cost 5-9% of the
-# imports' CPU (docs/results-scale.md): it stays off until rudder.train.job has imported the rank's
-# role.
-gc.disable()
+gc.disable()  # for the imports, as drivers/train.py does (rudder.train.job turns it back on)
 
 mpi4py.rc.thread_level = "multiple"  # as drivers/train.py asks, before MPI starts
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's library first

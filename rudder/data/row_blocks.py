@@ -27,8 +27,7 @@ class RowBlocks:
         self.blocks: list[np.ndarray] = []
         self.lock = threading.Lock()  # taken by the pipeline thread, released by the training thread
         self.fresh = self.reused = 0
-        # the references a block has when only this pool holds it, counted where ``idle`` counts them
-        self.idle_refs = 0
+        # the references a block has when only this pool holds it, counted where ``_idle`` counts them
         self.blocks.append(np.empty((0, dim), dtype))
         self.idle_refs = self._refs(0)
         self.blocks.clear()
@@ -48,7 +47,7 @@ class RowBlocks:
                 self.reused += 1
                 return self.blocks[min(fits, key=lambda i: self.blocks[i].shape[0])][:rows]
             # none fits: the idle ones are too small, so they go, and a larger block takes their place
-            self.blocks = [b for i, b in enumerate(self.blocks) if i not in set(idle)]
+            self._drop(idle)
             block = np.empty((int(rows * HEADROOM) + 1, self.dim), self.dtype)
             if len(self.blocks) < self.keep:
                 self.blocks.append(block)
@@ -58,5 +57,8 @@ class RowBlocks:
     def release_idle(self) -> None:
         """Give the idle blocks' memory back (before an evaluation, whose own peak comes on top)."""
         with self.lock:
-            idle = set(self._idle())
-            self.blocks = [b for i, b in enumerate(self.blocks) if i not in idle]
+            self._drop(self._idle())
+
+    def _drop(self, indices: list[int]) -> None:
+        gone = set(indices)
+        self.blocks = [b for i, b in enumerate(self.blocks) if i not in gone]

@@ -71,7 +71,7 @@ class UncachedFeatures:
 
     buffer = None
 
-    def __init__(self, store, in_flight: int = 3):
+    def __init__(self, store, in_flight: int = 1):
         self.store, self.counter = store, 0
         self.blocks = RowBlocks(store.dim, in_flight)
 
@@ -93,7 +93,7 @@ class UncachedFeatures:
 
 class CachedFeatures:
     def __init__(self, store, buffer: PrefetchBuffer, policy: Policy, compat: bool = False, shared=None,
-                 in_flight: int = 3):
+                 in_flight: int = 1):
         """``compat``: fetch refills and misses as the reference does (a refill that is also a miss
         twice); ``shared``: a ``NodeSharedArrays`` when the node's trainers share this buffer;
         ``in_flight``: the input matrices a run holds at once (``RowBlocks``)."""
@@ -209,10 +209,11 @@ class CachedFeatures:
 
 
 def feature_source(store, policy: Policy, settings: BufferSettings, partition, num_nodes: int, rng: np.random.Generator,
-                   shared=None, ranking=None, in_flight: int = 3) -> UncachedFeatures | CachedFeatures:
+                   shared=None, ranking=None, in_flight: int = 1) -> UncachedFeatures | CachedFeatures:
     """The store itself, or the store behind the buffer ``policy`` asks for (``buffer_class``);
     ``ranking``: what a ``--buffer-init vip`` fill ranks by (``rudder.prefetch.vip.fill_ranking``);
-    ``in_flight``: the input matrices a run holds at once (queued, assembling, training)."""
+    ``in_flight``: the input matrices a run holds at once (``rudder.prefetch.pipeline.matrices_in_flight``;
+    1: each minibatch assembled once the one before is done with)."""
     if policy.buffer_class is None:
         return UncachedFeatures(store, in_flight)
     buffer = policy.buffer_class.build(settings, partition, num_nodes, store.dim, rng, shared, ranking)
