@@ -229,25 +229,30 @@ def test_the_congestion_flow_keeps_its_bounds_and_stops_by_itself(tmp_path, link
 @needs_netem
 @pytest.mark.parametrize("links,qdisc", [("shared", "tbf"), ("per-node", "htb")])
 def test_faults_take_the_link_down_and_bring_it_back(tmp_path, links, qdisc):
-    """100 Gets of 256 KiB at 20 Mbit/s take over 10 s, so both faults fall inside the job; they come
-    5 s in, after MPI has connected (a link down while MPI_Init connects fails the job: docs/network.md)."""
+    """60 Gets of 256 KiB at 20 Mbit/s take over 6 s, so both faults fall inside the job. Their clock
+    starts once 1 MB has crossed (--fault-after): MPI has connected, however long the ranks took to
+    start (a link down while they connect fails the job or stalls it for a minute: docs/network.md)."""
     stats_path = tmp_path / "stats.json"
-    proc = run_netem("--rate", "20mbit", "--links", links, "--qdisc", qdisc, "--fault", "down@5+0.5", "--fault",
-                     "stall@6.5+0.5", "--stats", stats_path, "--", mpiexec(), "-n", 2, sys.executable, PROBE, 256 << 10, 100)
+    proc = run_netem("--rate", "20mbit", "--links", links, "--qdisc", qdisc, "--fault-after", "1mb", "--fault", "down@1+0.5",
+                     "--fault", "stall@2.5+0.5", "--stats", stats_path, "--", mpiexec(), "-n", 2, sys.executable, PROBE,
+                     256 << 10, 60)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]  # every Get returned the right bytes
     stats = json.loads(stats_path.read_text())
     assert {link["qdisc"] for link in stats["links"]} == {qdisc}
     down, stall = stats["faults"]
+    assert down["clock_started_at_s"] == stall["clock_started_at_s"] > 0
     for fault in (down, stall):
-        assert fault["applied_at_s"] >= fault["at_s"] - 0.01 and fault["restored_at_s"] > fault["applied_at_s"]
+        assert fault["applied_at_s"] >= fault["clock_started_at_s"] + fault["at_s"] - 0.01
+        assert fault["restored_at_s"] > fault["applied_at_s"]
     port = "lo" if links == "shared" else "node0-switch"
     assert down["sent_bytes_at_restore"][port] == down["sent_bytes_at_apply"][port]  # nothing crossed while down
     stalled = stall["sent_bytes_at_restore"][port] - stall["sent_bytes_at_apply"][port]
     assert stalled <= 2 * stats["burst_bytes"] + 8000 / 8 * (stall["restored_at_s"] - stall["applied_at_s"]) + 65536
     final = next(link["sent_bytes"] for link in stats["links"] if link["link"] == port)
     assert final > stall["sent_bytes_at_restore"][port]  # traffic went on after the link came back
-    assert re.search(r"t=5\.\d+s .*link down \(down@5\+0\.5\)", proc.stdout)
-    assert "link stalled at 8kbit (stall@6.5+0.5)" in proc.stdout
+    assert re.search(r"t=\d+\.\ds 1048576 B crossed: the faults' clock starts", proc.stdout)
+    assert re.search(r"t=\d+\.\ds .*link down \(down@1\+0\.5\)", proc.stdout)
+    assert "link stalled at 8kbit (stall@2.5+0.5)" in proc.stdout
 
 
 @pytest.mark.parametrize("args,flag", [
@@ -255,6 +260,7 @@ def test_faults_take_the_link_down_and_bring_it_back(tmp_path, links, qdisc):
     (["--rate", "1gbit", "--congestion", "wobble:1gbit", "--", "true"], "--congestion"),
     (["--rate", "1gbit", "--congestion", "square:1gbit,duty=0.5", "--", "true"], "--congestion"),
     (["--rate", "1gbit", "--fault", "down@soon", "--", "true"], "--fault"),
+    (["--rate", "1gbit", "--fault-after", "lots", "--fault", "down@1+1", "--", "true"], "--fault-after"),
     (["--rate", "1gbit", "--burst", "1kb", "--", "true"], "--burst"),
     (["--rate", "1gbit", "--links", "per-node", "--", "true"], "--nodes"),
     (["--rate", "1gbit", "--stats", "/nonexistent/stats.json", "--", "true"], "--stats"),

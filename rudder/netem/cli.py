@@ -49,7 +49,11 @@ def parser() -> Parser:
                     help="a competing flow: constant:RATE | square:RATE,period=S[,duty=F] | steps:T=RATE/T=RATE/..., "
                          "then ,start= ,duration= ,bytes= ,from= ,to= (docs/network.md)")
     ap.add_argument("--fault", action="append", default=[], metavar="FAULT",
-                    help="down@T+D[:node=K] or stall@T+D[:RATE][:node=K] (repeatable; seconds from the job's start)")
+                    help="down@T+D[:node=K] or stall@T+D[:RATE][:node=K] (repeatable; seconds from the job's start, "
+                         "or from --fault-after's traffic)")
+    ap.add_argument("--fault-after", metavar="SIZE", default=None,
+                    help="start the faults' clock once this much has crossed the links (e.g. 1mb: MPI has connected "
+                         "and data flows), not at the job's start, however long the start-up takes")
     ap.add_argument("--stats", metavar="FILE.json", default=None,
                     help="write the links' byte counters, the congestion flow and the faults here")
     return ap
@@ -79,6 +83,7 @@ def run(a: argparse.Namespace, command: list[str]) -> int:
         raise NetemError(f"--mtu: expected 576 to 65535 bytes, got {a.mtu}")
     profile = parse_profile(a.congestion, nodes) if a.congestion else None
     faults = [parse_fault(text, nodes) for text in a.fault]
+    fault_after = parse_size(a.fault_after, "--fault-after") if a.fault_after else 0
     problem = support_problem()
     if problem:
         raise NetemError(problem)
@@ -86,7 +91,7 @@ def run(a: argparse.Namespace, command: list[str]) -> int:
     network = build(a.links, nodes, shaper, a.mtu)
     try:
         flow = CongestionFlow(profile, network) if profile else None
-        injector = FaultInjector(faults, network)
+        injector = FaultInjector(faults, network, fault_after)
         links = "one link shared by all (lo)" if a.links == "shared" else "a link per node, each way"
         print(f"netem: {nodes} emulated node(s), {links} at {format_rate(shaper.rate)} ({shaper.qdisc}, burst "
               f"{shaper.burst} B)", flush=True)

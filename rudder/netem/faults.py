@@ -1,4 +1,5 @@
-"""Link faults at set times (``--fault``, repeatable; times in seconds from the job's start).
+"""Link faults at set times (``--fault``, repeatable; times in seconds from the job's start, or with
+``--fault-after SIZE`` from when that much traffic has crossed the links).
 
     down@T+D[:node=K]          node K's link (default 0; the shared link: lo) down at T for D seconds
     stall@T+D[:RATE][:node=K]  its rate cut to RATE (default 8kbit: almost nothing) at T for D seconds
@@ -7,7 +8,10 @@
 link, lo itself goes down); ``stall`` changes the shaping of both ends in place. Both are undone
 after D seconds, and each step is printed and kept for the stats with the time it happened and the
 link ends' byte counters just after the fault began and just before it ended. Faults
-on one link should not overlap (each restores what it changed)."""
+on one link should not overlap (each restores what it changed). A link down while MPI starts and
+connects fails the job or delays it by the connections' retry backoff (docs/network.md), and how
+long a start-up takes depends on the machine's load: ``--fault-after`` times the faults from the
+job's traffic instead."""
 from __future__ import annotations
 
 import re
@@ -63,8 +67,11 @@ def parse_fault(text: str, nodes: int) -> Fault:
 class FaultInjector:
     """Applies and undoes each fault on schedule, from one thread."""
 
-    def __init__(self, faults: list[Fault], network: Network):
-        self.faults, self.network = faults, network
+    def __init__(self, faults: list[Fault], network: Network, after_bytes: int = 0):
+        """``after_bytes``: the faults' times count from when the nodes have sent this much over
+        the links (0: from the job's start)."""
+        self.faults, self.network, self.after_bytes = faults, network, after_bytes
+        self.clock_started_at: float | None = None  # seconds from the job's start
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -78,11 +85,24 @@ class FaultInjector:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
+    def _crossed(self) -> int:
+        """Bytes the nodes have sent over the links (the stats' ``crossed_bytes``)."""
+        return sum(counters(link)["sent_bytes"] for link in self.network.links if link.end in ("lo", "node"))
+
     def _run(self) -> None:
+        clock = self.t0
+        while self.after_bytes and self._crossed() < self.after_bytes:
+            if self._stop.wait(0.05):
+                return
+        if self.after_bytes:
+            clock = time.monotonic()
+            self.clock_started_at = clock - self.t0
+            print(f"netem: t={self.clock_started_at:.1f}s {self.after_bytes} B crossed: the faults' clock starts",
+                  flush=True)
         steps = sorted([(f.at, True, f) for f in self.faults] + [(f.at + f.duration, False, f) for f in self.faults],
                        key=lambda s: (s[0], s[1]))
         for at, apply, fault in steps:
-            if self._stop.wait(max(0.0, self.t0 + at - time.monotonic())):
+            if self._stop.wait(max(0.0, clock + at - time.monotonic())):
                 return
             try:
                 if not apply:
@@ -117,4 +137,5 @@ class FaultInjector:
         return {link.label: counters(link)["sent_bytes"] for link in self.network.node_links(fault.node)}
 
     def report(self) -> list[dict]:
-        return [f.as_dict() for f in self.faults]
+        return [{**f.as_dict(), "clock_started_at_s": self.clock_started_at if self.after_bytes else 0.0}
+                for f in self.faults]
