@@ -2,11 +2,12 @@
 the job within seconds (python -m mpi4py aborts COMM_WORLD), instead of a hang."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
-from conftest import mpiexec
+from conftest import REPO, mpiexec
 
 
 def test_failing_rank_aborts_the_job(tmp_path):
@@ -24,3 +25,27 @@ def test_failing_rank_aborts_the_job(tmp_path):
     assert proc.returncode != 0
     assert "rank 1 fails" in proc.stderr
     assert elapsed < 20, f"job took {elapsed:.1f} s to end"
+
+
+def test_a_rank_leaves_with_its_status_and_its_output(tmp_path):
+    """rudder.comm.runtime.leave, as drivers/train.py ends: every rank's last line, still in
+    Python's buffer, is printed, and the job's status is the ranks' own every time (leaving by
+    os._exit made MPICH's launcher kill the ranks still finishing, exit 9, in some launches); a
+    rank whose own thread still works leaves as Python does, after it."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys, threading, time\n"
+        "from mpi4py import MPI\n"
+        "from rudder.comm.runtime import leave\n"
+        "rank = MPI.COMM_WORLD.rank\n"
+        "if sys.argv[1] == 'thread':\n"
+        "    threading.Thread(target=lambda: (time.sleep(0.5), print(f'thread of rank {rank} done'))).start()\n"
+        "print(f'rank {rank} leaving', end='')\n"
+        "leave(3)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # CI images set it; users do not
+    for mode in ["plain"] * 6 + ["thread"]:
+        proc = subprocess.run([mpiexec(), "-n", "4", sys.executable, str(script), mode], capture_output=True, text=True,
+                              timeout=60, env={**env, "PYTHONPATH": REPO})
+        assert proc.returncode == 3, (mode, proc.returncode, proc.stdout[-2000:])
+        assert all(f"rank {r} leaving" in proc.stdout for r in range(4)), proc.stdout
+        assert (proc.stdout.count("done") == 4) == (mode == "thread"), proc.stdout

@@ -133,9 +133,13 @@ def leave(status: int | None) -> None:
     """End a rank's process with ``status`` once its job has returned (its logs and files closed).
     Python's own teardown would destroy torch's and the library's objects one by one, about half a
     second of CPU a rank (docs/results-scale.md): the rank flushes its output, finalises MPI and
-    exits at once, unless a thread of its own is still at work, which Python's exit waits for."""
+    exits at once, unless a thread of its own is still at work (Python's exit waits for it) or the
+    rank used a GPU."""
     from mpi4py import MPI
 
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        sys.exit(status)  # a GPU rank's CUDA context is torn down as torch expects (not tried without: no GPU here)
     if any(t.is_alive() and not t.daemon and t is not threading.main_thread() for t in threading.enumerate()):
         sys.exit(status)
     for stream in (sys.stdout, sys.stderr):
