@@ -21,7 +21,7 @@ from rudder.netem.congestion import CongestionFlow, parse_profile
 from rudder.netem.faults import FaultInjector, parse_fault
 from rudder.netem.job import Job, is_mpiexec, ranks_of
 from rudder.netem.namespaces import NetemError, support_problem
-from rudder.netem.shaping import Shaper, counters, format_rate, parse_rate, parse_size
+from rudder.netem.shaping import SENDING_ENDS, Shaper, counters, format_rate, parse_rate, parse_size
 from rudder.netem.topology import TOPOLOGIES, build
 
 PROG = "python -m rudder.netem"
@@ -116,7 +116,7 @@ def run(a: argparse.Namespace, command: list[str]) -> int:
              "addresses": network.addresses, "namespaces": {ns.name: ns.inode for ns in network.namespaces},
              "command": job.argv, "env": {k: job.env[k] for k in TRANSPORT}, "started": started,
              "elapsed_s": round(elapsed, 3), "returncode": returncode, "links": links,
-             "crossed_bytes": sum(end["sent_bytes"] for end in links if end["end"] in ("lo", "node")),
+             "crossed_bytes": sum(end["sent_bytes"] for end in links if end["end"] in SENDING_ENDS),
              "congestion": flow.report() if flow else None, "faults": injector.report()}
     summarise(stats)
     if a.stats:

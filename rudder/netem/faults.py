@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from rudder.netem.namespaces import NetemError
-from rudder.netem.shaping import counters, format_rate, parse_rate, set_rate, set_up
+from rudder.netem.shaping import SENDING_ENDS, counters, format_rate, parse_rate, set_rate, set_up
 from rudder.netem.topology import Network
 
 STALL_RATE = 8000
@@ -87,7 +87,7 @@ class FaultInjector:
 
     def _crossed(self) -> int:
         """Bytes the nodes have sent over the links (the stats' ``crossed_bytes``)."""
-        return sum(counters(link)["sent_bytes"] for link in self.network.links if link.end in ("lo", "node"))
+        return sum(counters(link)["sent_bytes"] for link in self.network.links if link.end in SENDING_ENDS)
 
     def _run(self) -> None:
         clock = self.t0

@@ -51,6 +51,11 @@ class Shaper:
     burst: int
 
 
+# the link ends that send what a node sends: their bytes summed are what crossed the network (a
+# switch end's bytes are the same traffic again, on its way to the other node)
+SENDING_ENDS = ("lo", "node")
+
+
 @dataclass
 class LinkEnd:
     node: int | None  # the emulated node whose NIC this is; None for the shared link
