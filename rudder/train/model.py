@@ -37,10 +37,11 @@ class GraphSAGE(nn.Module):
 
     def layer_forward(self, i: int, block, h: torch.Tensor) -> torch.Tensor:
         """Layer i alone (layer-wise inference runs the layers one at a time over all nodes)."""
-        h = self.layers[i](block, h)
-        if i < len(self.layers) - 1:
-            h = self.dropout(torch.relu(h))
-        return h
+        return self._after_layer(i, self.layers[i](block, h))
+
+    def _after_layer(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """ReLU and dropout between layers; the last layer's output as it is."""
+        return self.dropout(torch.relu(h)) if i < len(self.layers) - 1 else h
 
     def layer_forward_in_pieces(self, i: int, num_dst: int, pieces, h: torch.Tensor) -> torch.Tensor:
         """``layer_forward`` over layer i's block given as ``pieces`` of ``(block, a, b)``, each
@@ -54,9 +55,7 @@ class GraphSAGE(nn.Module):
             for block, a, b in pieces:
                 out[a:b] = self.layers[i](block, h)[a:b]
             h = out
-        if i < len(self.layers) - 1:
-            h = self.dropout(torch.relu(h))
-        return h
+        return self._after_layer(i, h)
 
     def forward(self, blocks: list, x: torch.Tensor) -> torch.Tensor:
         h = x
