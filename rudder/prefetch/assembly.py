@@ -1,5 +1,6 @@
 """A minibatch's input feature matrix, with or without a buffer, behind one interface:
-``assemble(input_nodes, future) -> (x, AssemblyStats)``.
+``assemble(input_nodes, future) -> (x, AssemblyStats)``, and ``release_idle()`` to give back the
+input matrices no minibatch holds.
 
 ``UncachedFeatures`` reads every row from the feature store. ``CachedFeatures`` wraps the store
 the way GraphBolt's ``CPUCachedFeature`` wraps a ``Feature``: it drives a buffer through its
@@ -84,6 +85,10 @@ class UncachedFeatures:
         self.counter += 1
         return x, AssemblyStats(fetch, t_gather=time.perf_counter() - t)
 
+    def release_idle(self) -> None:
+        """Give back the input matrices nothing refers to (before an evaluation)."""
+        self.blocks.release_idle()
+
     def state_dict(self) -> dict:
         return {"counter": self.counter}
 
@@ -106,6 +111,10 @@ class CachedFeatures:
             # on one node every row is in shared memory, where a buffer's copy of it saves nothing
             # and costs a copy per admitted row (docs/results-buffer-cost.md)
             buffer.store_rows = store.in_shared_memory(buffer.index.node_of(np.arange(buffer.index.size)))
+
+    def release_idle(self) -> None:
+        """Give back the input matrices nothing refers to (before an evaluation)."""
+        self.blocks.release_idle()
 
     def fill(self) -> ReadStats:
         """The buffer's rows in one request: the initial fill, or after ``load_state_dict`` the

@@ -412,7 +412,7 @@ class Trainer:
         if complete and (epoch == self.cfg.training.epochs - 1 or (every and (epoch + 1) % every == 0)):
             t = time.perf_counter()
             self.watchdog.doing("training thread", f"evaluating after epoch {epoch}")
-            self.features.blocks.release_idle()  # the evaluation's own peak comes on top of what stays
+            self.features.release_idle()  # the evaluation's own peak comes on top of what stays
             done = self.evaluator.evaluate(self.model, self.phases.of_epoch(epoch).fanouts, progress=self.watchdog.progress)
             self.last_eval = done.accuracy
             result.update(val_acc=self.last_eval["val"], test_acc=self.last_eval["test"],
