@@ -26,6 +26,10 @@ gc.disable()
 mpi4py.rc.thread_level = "multiple"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from rudder.comm.mpi_env import prepare_mpi_environment  # noqa: E402
+
+prepare_mpi_environment()  # before rudder.train.job starts MPI
+
 from rudder.comm.runtime import leave  # noqa: E402
 from rudder.train.job import main  # noqa: E402
 

@@ -25,6 +25,10 @@ gc.disable()  # for the imports, as drivers/train.py does (rudder.train.job turn
 mpi4py.rc.thread_level = "multiple"  # as drivers/train.py asks, before MPI starts
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's library first
 
+from rudder.comm.mpi_env import prepare_mpi_environment  # noqa: E402
+
+prepare_mpi_environment()  # before MPI starts
+
 from mpi4py import MPI  # noqa: E402
 
 from rudder.comm.runtime import leave  # noqa: E402

@@ -30,6 +30,7 @@ from partitioning.partition import (
     publish,
     write_part,
 )
+from rudder.comm.mpi_env import prepare_mpi_environment
 
 MPI_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 BCAST_ITEMS = 1 << 27  # elements a Bcast call: well below MPI's int count
@@ -41,6 +42,7 @@ def mpi_world():
     sizes = [os.environ.get(name) for name in MPI_ENV]
     if not any(s and s.isdigit() and int(s) > 1 for s in sizes):
         return None
+    prepare_mpi_environment()
     from mpi4py import MPI  # only under mpiexec: serial runs need no MPI library
 
     return MPI.COMM_WORLD if MPI.COMM_WORLD.size > 1 else None
