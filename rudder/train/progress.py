@@ -77,12 +77,8 @@ def run_summary(per_epoch: list[np.ndarray], stopped: bool, *, trainers: int, st
         return float(np.mean([np.mean([float(t[field][t["epoch"] == e][0]) for t in tables]) / s
                               for e, s in zip(timed, seconds)])) if timed else float("nan")
 
-    # counts are over the steady epochs; a run too short for any is counted over all it completed
-    # (its first epoch's buffer fill included), and the summary says so, rather than printing nan
-    counted = timed or complete
-
     def per_epoch_mean(column):
-        value = metrics.per_epoch_mean(tables, column, counted)
+        value = metrics.per_epoch_mean(tables, column, timed)
         return float("nan") if value is None else value
 
     hits, misses = (sum(int(t[k].sum()) for t in tables) for k in ("hits", "misses"))
@@ -92,7 +88,6 @@ def run_summary(per_epoch: list[np.ndarray], stopped: bool, *, trainers: int, st
             "epoch_seconds": float("nan") if epoch_seconds is None else epoch_seconds,
             "epoch_seconds_mean": float(seconds.mean()) if seconds.size else float("nan"),
             "timed_epochs": timed, "epoch_spread": metrics.spread(seconds),
-            "counted_over": "" if timed or not complete else f" (all {len(complete)} epochs: none is steady)",
             "too_short": metrics.run_too_short(tables) if tables else "no complete epoch",
             "share_fetch": share("t_fetch"), "share_rma": share("t_rma"), "share_wait": share("t_wait"),
             "input_remote_per_epoch": per_epoch_mean("input_remote"),
@@ -106,20 +101,24 @@ def run_summary(per_epoch: list[np.ndarray], stopped: bool, *, trainers: int, st
             "run_dir": run_dir}
 
 
+UNSTEADY = "none without a steady epoch (the training time line says why)"
+
+
 def format_summary(s: dict) -> str:
     lines = [
         f"Run {'stopped early' if s['stopped'] else 'done'}: {s['epochs']} epochs on {s['trainers']} trainers, "
         f"{s['steps_per_epoch']} minibatches/epoch of {s['batch_size']} seeds per trainer",
         f"  training time   {s['train_seconds']:.2f} s ({epoch_time_text(s)})",
-        "  time shares     " + ("none without a steady epoch" if not s["timed_epochs"] else
+        # shares and per-epoch counts are over the steady epochs (rudder.logs.metrics), as
+        # rudder.analyze reports them: a shorter run has none, and says so instead of "nan"
+        "  time shares     " + (UNSTEADY if not s["timed_epochs"] else
         f"training thread waiting for inputs {100 * s['share_wait']:.1f}%; feature assembly "
         f"{100 * s['share_fetch']:.1f}% and remote RMA gets {100 * s['share_rma']:.1f}% (overlapped when pipelined)"),
-        "  remote inputs   " + ("none counted without a complete epoch" if not s["epochs"] else
+        "  remote inputs   " + (UNSTEADY if not s["timed_epochs"] else
         f"{s['input_remote_per_epoch']:,.0f} of {s['input_nodes_per_epoch']:,.0f} rows/epoch; "
-        f"{s['remote_rows_fetched_per_epoch']:,.0f} remote rows fetched/epoch, {s['mib_rma_per_epoch']:.1f} MiB by RMA"
-        f"{s['counted_over']}"),
+        f"{s['remote_rows_fetched_per_epoch']:,.0f} remote rows fetched/epoch, {s['mib_rma_per_epoch']:.1f} MiB by RMA"),
         f"  buffer          policy {s['policy']}" + ("" if s["policy"] == "none" else
-        f": {s['hit_percent']:.1f}% hits" + ("" if not s["epochs"] else
+        f": {s['hit_percent']:.1f}% hits" + ("" if not s["timed_epochs"] else
         f", communication volume {s['comm_volume_per_epoch']:,.0f} rows/epoch (cacheable misses + refills)")),
         "  accuracy        " + ("none: no evaluation ran" if math.isnan(s["val_acc"]) else
         f"val {s['val_acc']:.4f}, test {s['test_acc']:.4f}")
