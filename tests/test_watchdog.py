@@ -69,7 +69,7 @@ def test_a_stalled_job_ends_with_one_line_naming_the_rank(parts, tmp_path):
 
 def test_a_pause_shorter_than_the_timeout_costs_nothing(parts, tmp_path):
     run = str(tmp_path / "paused")
-    job = start_and_freeze(parts, run, 2, epochs=60)
+    job = start_and_freeze(parts, run, 2, epochs=20)
     try:
         _, err = job.communicate(timeout=300)
     finally:
