@@ -9,18 +9,24 @@ returns the same partition every time.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import re
 import site
 import sys
+import tempfile
 
 import numpy as np
 
 from partitioning.graph import InputError
 
 METIS_OK = 1
+# Where METIS keeps its coarse levels while it works (``--metis-levels``): disk, the default, spills
+# each level it is done with (of 128 MB or more) into the scratch directory until it refines back
+# through it; memory keeps them all, faster and about 2.8x the memory (docs/partitioning.md).
+METIS_LEVELS = ("disk", "memory")
 METIS_ERRORS = {-2: "input error", -3: "out of memory", -4: "error"}
 
 
@@ -58,10 +64,11 @@ def index_limit() -> int:
 
 
 def part_graph_kway(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray, ncon: int, nparts: int,
-                    seed: int, adjwgt: np.ndarray | None = None) -> tuple[int, np.ndarray]:
+                    seed: int, adjwgt: np.ndarray | None = None, spill_dir: str | None = None) -> tuple[int, np.ndarray]:
     """Partition an undirected CSR graph (both directions stored, no self-loops) into ``nparts``
     with ``ncon`` node-major balance weights per vertex and optional edge weights ``adjwgt``
-    (None: all 1); returns (edge cut, part of each vertex)."""
+    (None: all 1); returns (edge cut, part of each vertex). ``spill_dir``: METIS writes each coarse
+    level it is done with to a file there until it refines back through it (``spilled``)."""
     lib, idx, nopt, option = _metis()
     n = xadj.shape[0] - 1
     limit = np.iinfo(idx).max
@@ -75,14 +82,37 @@ def part_graph_kway(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray, 
     options = np.full(nopt, -1, dtype=idx)  # -1: METIS default
     options[option["SEED"]] = seed
     options[option["DROPEDGES"]] = 1  # coarsen on a sparsified graph: a third of the memory
+    if spill_dir is not None:
+        options[option["ONDISK"]] = 1
     part = np.empty(n, dtype=idx)
     c_idx = ctypes.c_int32 if idx is np.int32 else ctypes.c_int64
     nvtxs, ncon_c, nparts_c, objval = c_idx(n), c_idx(ncon), c_idx(nparts), c_idx(0)
     ptr = ctypes.c_void_p
-    status = lib.METIS_PartGraphKway(
-        ctypes.byref(nvtxs), ctypes.byref(ncon_c), ptr(xadj.ctypes.data), ptr(adjncy.ctypes.data),
-        ptr(vweights.ctypes.data), None, None if adjwgt is None else ptr(adjwgt.ctypes.data), ctypes.byref(nparts_c), None, None,
-        ptr(options.ctypes.data), ctypes.byref(objval), ptr(part.ctypes.data))
+    with spilled(spill_dir):
+        status = lib.METIS_PartGraphKway(
+            ctypes.byref(nvtxs), ctypes.byref(ncon_c), ptr(xadj.ctypes.data), ptr(adjncy.ctypes.data),
+            ptr(vweights.ctypes.data), None, None if adjwgt is None else ptr(adjwgt.ctypes.data), ctypes.byref(nparts_c),
+            None, None, ptr(options.ctypes.data), ctypes.byref(objval), ptr(part.ctypes.data))
     if status != METIS_OK:
         raise InputError("--method metis", f"METIS_PartGraphKway failed: {METIS_ERRORS.get(status, status)}")
     return int(objval.value), part.astype(np.int64)
+
+
+@contextlib.contextmanager
+def spilled(spill_dir: str | None):
+    """Where METIS's ``ONDISK`` levels go: it names them ``metis<pid>.<level>`` in the working
+    directory, so the call runs in a fresh directory under ``spill_dir`` (removed afterwards, with
+    anything a failed call left), and the working directory is restored. METIS keeps every coarse
+    level until it refines back through it, 29-50 bytes a directed edge in all on RMAT graphs
+    depending on how fast they coarsen (docs/partitioning.md); spilled, it holds the level it works
+    on. It spills only levels of 128 MB or more, so small graphs never touch the disk."""
+    if spill_dir is None:
+        yield
+        return
+    home = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix=".rudder-metis-", dir=spill_dir) as levels:
+        os.chdir(levels)  # the partition tool calls METIS from one thread: nothing else resolves relative paths meanwhile
+        try:
+            yield
+        finally:
+            os.chdir(home)

@@ -36,10 +36,11 @@ REFINE_ROUNDS = 12
 LP_ROUNDS = 8
 CLUSTER_SHARE = 4  # no cluster heavier than 1 / (CLUSTER_SHARE * parts) of any constraint's total
 MAX_LEVELS = 30
-# The least METIS has taken beyond its input on this project's runs (RMAT-18; 46 on RMAT-21 and
-# RMAT-22, docs/partitioning.md): below this much available memory it cannot finish, so the run
-# stops with one line before METIS starts instead of being killed in it
-METIS_LEAST_BYTES_PER_EDGE = 29
+# The least METIS has taken beyond its input on this project's runs, by where its levels are
+# (docs/partitioning.md: in memory RMAT-18's 29, 46 on RMAT-21 and RMAT-22; on disk RMAT-21's 9.6
+# and 150 a node): below this much available memory it cannot finish, so the run stops with one
+# line before METIS starts instead of being killed in it
+METIS_LEAST_BYTES_PER_EDGE = {"memory": 29, "disk": 9}
 
 
 @dataclass
@@ -128,13 +129,17 @@ def edge_limit() -> int:
 
 
 def assign(method: str, xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray, ncon: int, nparts: int,
-           seed: int) -> Assignment:
+           seed: int, metis_levels: str = "disk") -> Assignment:
     """Parts of an undirected CSR graph (METIS's arguments: ``vweights`` node-major, ``ncon`` a
     node) by ``method``: metis, multilevel, or auto (metis if the graph fits its indices). The
     multilevel path keeps its coarse graphs in a temporary directory of the scratch directory
-    (``partitioning.ondisk``: beside --out, or --scratch), removed when it returns."""
+    (``partitioning.ondisk``: beside --out, or --scratch), removed when it returns; METIS's own
+    levels go there too with ``metis_levels`` disk (``metis.METIS_LEVELS``)."""
     if method not in METHODS:
         raise InputError("--method", f"'{method}' is not one of {', '.join(METHODS)}")
+    if metis_levels not in metis.METIS_LEVELS:
+        raise InputError("--metis-levels", f"'{metis_levels}' is not one of {', '.join(metis.METIS_LEVELS)}")
+    spill_dir = scratch_dir() if metis_levels == "disk" else None
     n, m, limit = xadj.shape[0] - 1, int(adjncy.shape[0]), edge_limit()
     requested = method
     if method == "auto":
@@ -143,18 +148,20 @@ def assign(method: str, xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarr
     else:
         reason = f"--method {method}"
     if method == "metis":
-        need_memory(METIS_LEAST_BYTES_PER_EDGE * m, f"--method {requested}",
-                    f"METIS on {m} directed edges (--method multilevel needs about half)")
-        cut, parts = metis.part_graph_kway(xadj, adjncy, vweights, ncon, nparts, seed)
+        need_memory(METIS_LEAST_BYTES_PER_EDGE[metis_levels] * m, f"--method {requested}",
+                    f"METIS on {m} directed edges, its levels {'on disk' if metis_levels == 'disk' else 'in memory'} "
+                    "(--method multilevel needs less)")
+        cut, parts = metis.part_graph_kway(xadj, adjncy, vweights, ncon, nparts, seed, spill_dir=spill_dir)
         return Assignment(parts, "metis", reason, cut, [[n, m]])
     graph = Graph(np.asarray(xadj, dtype=np.int64), adjncy, None, np.asarray(vweights, dtype=np.int64).reshape(n, ncon))
     with tempfile.TemporaryDirectory(prefix=".rudder-levels-", dir=scratch_dir()) as levels_dir:
-        cut, parts, levels = multilevel_kway(graph, nparts, seed, limit, levels_dir)
+        cut, parts, levels = multilevel_kway(graph, nparts, seed, limit, levels_dir, spill_dir)
     return Assignment(parts, "multilevel", reason, cut, levels)
 
 
 # ----------------------------------------------------------------------------- the multilevel path
-def multilevel_kway(graph: Graph, nparts: int, seed: int, limit: int, levels_dir: str) -> tuple[int, np.ndarray, list]:
+def multilevel_kway(graph: Graph, nparts: int, seed: int, limit: int, levels_dir: str,
+                    spill_dir: str | None = None) -> tuple[int, np.ndarray, list]:
     """Coarsen until at most ``limit`` directed edges remain (and at most a quarter of the graph's),
     METIS there, then project and refine back up; returns (edge cut, parts, [nodes, edges] of each level, finest first).
     The coarse graphs live in ``levels_dir`` between their uses."""
@@ -178,7 +185,7 @@ def multilevel_kway(graph: Graph, nparts: int, seed: int, limit: int, levels_dir
         cmaps.append(cmap)
         current = None  # the finer coarse graph goes before the next is read
         current = coarse.load()
-    _, parts = metis_weighted(current, nparts, seed)
+    _, parts = metis_weighted(current, nparts, seed, spill_dir)
     maxw = np.maximum(np.ceil((1 + IMBALANCE) * totals / nparts), label_weights(current, parts, nparts).max(axis=0))
     cut = edge_cut(current, parts) if not cmaps else None
     current = None
@@ -190,7 +197,7 @@ def multilevel_kway(graph: Graph, nparts: int, seed: int, limit: int, levels_dir
     return cut, parts, [[g.n, g.m] for g in levels]
 
 
-def metis_weighted(graph: Graph, nparts: int, seed: int) -> tuple[int, np.ndarray]:
+def metis_weighted(graph: Graph, nparts: int, seed: int, spill_dir: str | None = None) -> tuple[int, np.ndarray]:
     """METIS on a coarse graph. Summed weights can exceed METIS's indices (papers100M's degree
     constraint sums to 3.2e9): such a column is divided, rounding up so nothing weighs 0, which
     keeps its proportions within the rounding."""
@@ -198,7 +205,7 @@ def metis_weighted(graph: Graph, nparts: int, seed: int) -> tuple[int, np.ndarra
     ncon = graph.vwgt.shape[1]
     vwgt = scale_to(graph.vwgt, limit // (2 * ncon))
     adjwgt = None if graph.adjwgt is None else scale_to(graph.adjwgt, limit)
-    return metis.part_graph_kway(graph.xadj, graph.adjncy, vwgt.reshape(-1), ncon, nparts, seed, adjwgt)
+    return metis.part_graph_kway(graph.xadj, graph.adjncy, vwgt.reshape(-1), ncon, nparts, seed, adjwgt, spill_dir)
 
 
 def scale_to(weights: np.ndarray, cap: int) -> np.ndarray:

@@ -89,7 +89,7 @@ def bcast_array(comm, array: np.ndarray | None, root: int = 0) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- partition
 def partition_parallel(comm, load, num_parts: int, out: str, method: str = "metis", seed: int = 0,
-                       force: bool = False, source: str = "", feature_dtype: str = "auto"):
+                       force: bool = False, source: str = "", feature_dtype: str = "auto", metis_levels: str = "disk"):
     """``load()`` (called on rank 0 only) gives the GraphData. Returns (meta, timings) on every rank."""
     from mpi4py import MPI
 
@@ -100,7 +100,8 @@ def partition_parallel(comm, load, num_parts: int, out: str, method: str = "meti
         try:
             graph = load()
             out = check_request(graph, num_parts, out, force, feature_dtype)
-            layout, orig_of_new, choice = assign_and_layout(graph, num_parts, method, seed, feature_dtype, timings)
+            layout, orig_of_new, choice = assign_and_layout(graph, num_parts, method, seed, feature_dtype, timings,
+                                                            metis_levels)
             tmp = make_temp_dir(out)
         except Exception as e:  # noqa: BLE001 - every rank must hear of it
             record = error_record(-1, e)

@@ -76,7 +76,8 @@ def assign_random(graph: GraphData, num_parts: int, seed: int) -> np.ndarray:
     return parts
 
 
-def assign(graph: GraphData, num_parts: int, seed: int, method: str) -> tuple[np.ndarray, str, dict]:
+def assign(graph: GraphData, num_parts: int, seed: int, method: str, metis_levels: str = "disk"
+           ) -> tuple[np.ndarray, str, dict]:
     """(part of each node, the method that ran, what metadata.json's partitioner keeps of the choice).
     metis/multilevel/auto: multi-constraint k-way on the CSR (``partitioning.multilevel.assign``
     picks METIS, or the path beyond its 32-bit indices), balanced on non-training nodes, training
@@ -87,7 +88,7 @@ def assign(graph: GraphData, num_parts: int, seed: int, method: str) -> tuple[np
     if num_parts == 1:
         return np.zeros(graph.num_nodes, dtype=np.int64), "metis" if method == "auto" else method, {}
     xadj, adjncy, vweights = metis_inputs(graph)
-    result = multilevel.assign(method, xadj, adjncy, vweights, 3, num_parts, seed)
+    result = multilevel.assign(method, xadj, adjncy, vweights, 3, num_parts, seed, metis_levels)
     return result.parts, result.method, result.record(method)
 
 
@@ -232,7 +233,8 @@ def check_request(graph: GraphData, num_parts: int, out: str, force: bool, featu
     return out
 
 
-def assign_and_layout(graph: GraphData, num_parts: int, method: str, seed: int, feature_dtype: str, timings: dict):
+def assign_and_layout(graph: GraphData, num_parts: int, method: str, seed: int, feature_dtype: str, timings: dict,
+                      metis_levels: str = "disk"):
     """The storage type, the assignment, and the relabelling: (layout, orig_of_new, choice), the
     choice: the encoding's exactness and the method that ran, for the metadata."""
     t0 = time.perf_counter()
@@ -241,7 +243,7 @@ def assign_and_layout(graph: GraphData, num_parts: int, method: str, seed: int, 
     t0 = time.perf_counter()
     if method not in METHODS:
         raise InputError("--method", f"'{method}' is not one of {', '.join(sorted(METHODS))}")
-    parts, ran, record = assign(graph, num_parts, seed, method)
+    parts, ran, record = assign(graph, num_parts, seed, method, metis_levels)
     timings["assign_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     n = graph.num_nodes
@@ -275,13 +277,15 @@ def partition_meta(graph: GraphData, layout: Layout, infos: list[PartInfo], seed
 
 
 def partition_graph(graph: GraphData, num_parts: int, out: str, method: str = "auto", seed: int = 0,
-                    force: bool = False, source: str = "", feature_dtype: str = "auto") -> tuple[PartitionMeta, dict]:
+                    force: bool = False, source: str = "", feature_dtype: str = "auto",
+                    metis_levels: str = "disk") -> tuple[PartitionMeta, dict]:
     """``method``: as the CLI's ``--method`` (``auto``, its default too: METIS below its index
     limit, the multilevel path above it); ``feature_dtype``: the features' storage type
-    (``rudder.data.feature_encoding``), or ``auto``: the smallest one that stores them exactly."""
+    (``rudder.data.feature_encoding``), or ``auto``: the smallest one that stores them exactly;
+    ``metis_levels``: as ``--metis-levels`` (``metis.METIS_LEVELS``)."""
     out = check_request(graph, num_parts, out, force, feature_dtype)
     timings = {}
-    layout, orig_of_new, choice = assign_and_layout(graph, num_parts, method, seed, feature_dtype, timings)
+    layout, orig_of_new, choice = assign_and_layout(graph, num_parts, method, seed, feature_dtype, timings, metis_levels)
     t0 = time.perf_counter()
     tmp = make_temp_dir(out)
     try:

@@ -22,25 +22,34 @@ from partitioning.multilevel import CLUSTER_SHARE
 from partitioning.spec import Options, parse_options, positional
 
 # Fitted on this host (docs/partitioning.md, "The memory model"): METIS 5.2 with DROPEDGES and
-# three constraints, bytes beyond its input arrays, fitted on RMAT-21 and RMAT-22. METIS keeps
-# every coarse level, about 8.4 bytes a coarse edge, and how many coarse edges a graph's levels sum
-# to is not in its counts (3.9x the edges on RMAT-20, 33 bytes an edge: over-predicted; 5.6x on
-# RMAT-21); the interpreter with numpy, h5py and METIS loaded.
-METIS_BYTES_PER_EDGE = 46.0
-# The least METIS took beyond its input arrays on a graph that coarsens fast (RMAT-18, 29 bytes an
-# edge; RMAT-20 33): the plan prints the peak this gives beside the one it budgets.
+# three constraints, bytes beyond its input arrays, by where it keeps its coarse levels
+# (``--metis-levels``). In memory it keeps every level until it refines back, about 8.4 bytes a
+# coarse edge, and how many coarse edges a graph's levels sum to is not in its counts (3.9x the
+# edges on RMAT-20, 33 bytes an edge; 5.6x on RMAT-21, 47): the plan budgets the slow rate (fitted
+# on RMAT-21 and RMAT-22) and prints the peak at the fast one (RMAT-18, 29) beside it. On disk it
+# holds the levels it works on and those under METIS's 128 MB spill threshold: 11 bytes an edge,
+# fitted on RMAT-20 to RMAT-23 (1.08-0.94 of their peaks).
+METIS_BYTES_PER_EDGE = {"memory": 46.0, "disk": 11.0}
 METIS_BYTES_PER_EDGE_FAST = 29.0
 METIS_BYTES_PER_NODE = 150.0
+# METIS spills a level only when its arrays (4 bytes an index: ncon + 1 a node, 2 an edge; what
+# it writes) reach 128 MiB, and every spilled level is on disk at once at the coarsest: the first
+# coarse level has about half the nodes and 0.72 of the edges, each next 0.9 of the one before
+# (fitted on RMAT-20's four spilled levels, 0.61 GiB; RMAT-22's took 5.44 GiB, 0.90 of this).
+METIS_SPILL_MIN_BYTES = 128 << 20
+METIS_FIRST_LEVEL_EDGES = 0.72
+METIS_LEVEL_SHRINK = 0.9
 # The multilevel path (partitioning/multilevel.py): METIS on at most a quarter of the edges, each
 # coarse graph on scratch disk between its uses, so besides the input CSR it holds the larger of
-# METIS on the coarsest graph (METIS's own arrays and that graph's, per edge METIS sees: 48 and 47
-# fitted on RMAT-20 and RMAT-22 into 8 parts) and one coarse level in memory (the first, the
+# METIS on the coarsest graph (METIS's own arrays and that graph's, per edge METIS sees: with its
+# levels in memory 48 and 47 on RMAT-20 and RMAT-22 into 8 parts, on disk 40.5 fitted on RMAT-22
+# and RMAT-23 into 64; it spills nothing below its threshold) and one coarse level in memory (the first, the
 # largest: 0.78-0.83 of the edges on RMAT-22 and RMAT-23), and one 1M-edge chunk's temporaries.
 # Coarse levels take 8 bytes an edge (12 where a summed weight may pass 2^31: int64) and 32 a node
 # on disk; over all levels 1.1x the edges on RMAT-18 into 8 parts, 3.2x on RMAT-23 into 64 (a
 # cluster holds at most 1/(4k) of a constraint: more parts, more levels); the larger is budgeted.
 MULTILEVEL_TOP_SHARE = 0.25
-MULTILEVEL_TOP_BYTES_PER_EDGE = 50.0
+MULTILEVEL_TOP_BYTES_PER_EDGE = {"memory": 50.0, "disk": 40.5}
 MULTILEVEL_FIRST_LEVEL_SHARE = 0.85
 MULTILEVEL_LEVELS_EDGES, MULTILEVEL_LEVELS_NODES = 3.3, 3.3
 MULTILEVEL_CHUNK_BYTES = 100 << 20
@@ -53,7 +62,7 @@ BLOCK_BYTES = 1 << 26
 RMAT_KEPT = 0.94
 # CPU seconds per unit on this host (one core of two), from RMAT-20's run: a rough guide (the
 # host was shared when it was measured; docs/partitioning.md)
-SECONDS = {"generate_per_edge": 7.2e-7, "csr_per_edge": 3.6e-7, "metis_per_edge": 8.5e-7,
+SECONDS = {"generate_per_edge": 7.2e-7, "csr_per_edge": 3.6e-7, "metis_per_edge": 8.5e-7, "metis_disk_per_edge": 1.7e-6,
            "write_per_edge": 2.5e-7, "write_per_feature_byte": 1.0e-8}
 
 
@@ -130,10 +139,38 @@ def level_edge_bytes(e: float, n: float, parts: int) -> int:
     return 8 if max(e / (CLUSTER_SHARE * parts), n) <= METIS_EDGE_LIMIT else 12
 
 
-def phase_bytes(g: GraphSize, parts: int, method: str = "auto", metis_bytes_per_edge: float = METIS_BYTES_PER_EDGE
+def metis_first_level_bytes(edges: float, nodes: float, ncon: int = 3) -> float:
+    """What METIS's spill threshold weighs of its first coarse level: its arrays' indices."""
+    return 4 * (nodes / 2 * (ncon + 1) + 2 * METIS_FIRST_LEVEL_EDGES * edges)
+
+
+def metis_spills(edges: float, nodes: float, metis_levels: str) -> bool:
+    """Whether METIS puts any coarse level of this graph on disk (``--metis-levels disk`` and a
+    first coarse level of ``METIS_SPILL_MIN_BYTES`` or more)."""
+    return metis_levels == "disk" and metis_first_level_bytes(edges, nodes) >= METIS_SPILL_MIN_BYTES
+
+
+def metis_spill_bytes(edges: float, nodes: float, metis_levels: str) -> float:
+    """Scratch disk METIS's spilled levels take together (none where it spills nothing)."""
+    level, total = metis_first_level_bytes(edges, nodes), 0.0
+    while metis_levels == "disk" and level >= METIS_SPILL_MIN_BYTES:
+        total += level
+        level *= METIS_LEVEL_SHRINK
+    return total
+
+
+def metis_levels_bytes(edges: float, metis_levels: str, nodes: float, fast: bool = False) -> float:
+    """METIS's own bytes a directed edge it sees: its levels on disk where it spills them, else in
+    memory (the slow coarsening budgeted, or the ``fast`` one)."""
+    if metis_spills(edges, nodes, metis_levels):
+        return METIS_BYTES_PER_EDGE["disk"]
+    return METIS_BYTES_PER_EDGE_FAST if fast else METIS_BYTES_PER_EDGE["memory"]
+
+
+def phase_bytes(g: GraphSize, parts: int, method: str = "auto", metis_levels: str = "disk", fast: bool = False
                 ) -> dict[str, float]:
     """Bytes each phase holds beyond the interpreter (the model; see the module docstring), with
-    METIS taking ``metis_bytes_per_edge`` beyond its input arrays."""
+    METIS's levels where ``metis_levels`` says (``fast``: in memory, the fast coarsening's)."""
     n, m, d = g.nodes, g.directed_edges, g.feat_dim
     e = m * g.kept_fraction
     i = 4 if n < 2**31 else 8
@@ -143,12 +180,15 @@ def phase_bytes(g: GraphSize, parts: int, method: str = "auto", metis_bytes_per_
     held_input = 8 * m / 2 if g.generated else 0
     csr = held_input + node_data + i * m + 16 * n + CHUNK_TEMP_BYTES  # buffer of every edge in, counts, cursors
     # METIS: the CSR as its adjncy, int32 xadj and three weights a node, and its own arrays
-    assign = node_data + i * e + 8 * n + (4 + 12) * n + metis_bytes_per_edge * e + METIS_BYTES_PER_NODE * n
+    assign = node_data + i * e + 8 * n + (4 + 12) * n + metis_levels_bytes(e, metis_levels, n, fast) * e \
+        + METIS_BYTES_PER_NODE * n
     if assign_method(method, e) == "multilevel":
         # the CSR, its xadj (as METIS takes it, and in int64), the balance weights (as METIS takes
         # them, and in int64) and every level's cluster map
         held = node_data + i * e + (4 + 8) * n + (12 + 24) * n + 8 * (1 + MULTILEVEL_LEVELS_NODES) * n
-        top = MULTILEVEL_TOP_BYTES_PER_EDGE * MULTILEVEL_TOP_SHARE * e
+        seen = MULTILEVEL_TOP_SHARE * e  # METIS on the coarsest graph
+        spills = metis_spills(seen, seen / (e / n), metis_levels)
+        top = MULTILEVEL_TOP_BYTES_PER_EDGE["disk" if spills else "memory"] * seen
         first_level = level_edge_bytes(e, n, parts) * MULTILEVEL_FIRST_LEVEL_SHARE * e + 32 * n
         assign = held + max(top, first_level) + MULTILEVEL_CHUNK_BYTES
     elif method == "random":  # a permutation and the parts: arrays per node only
@@ -164,11 +204,13 @@ def phase_bytes(g: GraphSize, parts: int, method: str = "auto", metis_bytes_per_
             "edges": e, "other_rank": (4 + 8) * n + part}
 
 
-def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict:
-    phases = phase_bytes(g, parts, method)
+def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto", metis_levels: str = "disk") -> dict:
+    if metis_levels not in METIS_BYTES_PER_EDGE:
+        raise InputError("--metis-levels", f"'{metis_levels}' is not one of {', '.join(METIS_BYTES_PER_EDGE)}")
+    phases = phase_bytes(g, parts, method, metis_levels)
     peak_phase = max(MEMORY_PHASES, key=phases.get)
     peak = BASELINE_BYTES + phases[peak_phase]
-    fast = phase_bytes(g, parts, method, METIS_BYTES_PER_EDGE_FAST)
+    fast = phase_bytes(g, parts, method, metis_levels, fast=True)
     peak_fast = BASELINE_BYTES + max(fast[name] for name in MEMORY_PHASES)
     n, m, d, e = g.nodes, g.directed_edges, g.feat_dim, phases["edges"]
     disk = 4 * d * n + 8 * e + 60 * n + 4096 * parts  # float32 features (compact types: less), CSR, node data
@@ -177,14 +219,19 @@ def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict
         scratch = 8 * m + 4 * d * n
     ran = assign_method(method, e)
     levels = 0.0
-    if ran == "multilevel":  # the coarse levels, in the scratch directory
-        levels = level_edge_bytes(e, n, parts) * MULTILEVEL_LEVELS_EDGES * e + 32 * MULTILEVEL_LEVELS_NODES * n
+    if ran == "multilevel":  # the coarse levels, in the scratch directory, and METIS's on the coarsest graph
+        seen = MULTILEVEL_TOP_SHARE * e
+        levels = level_edge_bytes(e, n, parts) * MULTILEVEL_LEVELS_EDGES * e + 32 * MULTILEVEL_LEVELS_NODES * n \
+            + metis_spill_bytes(seen, seen / (e / n), metis_levels)
+    elif ran == "metis":
+        levels = metis_spill_bytes(e, n, metis_levels)
+    metis_rate = SECONDS["metis_disk_per_edge" if metis_spills(e, n, metis_levels) else "metis_per_edge"]
     seconds = {"generate": SECONDS["generate_per_edge"] * m / 2 if g.generated else 0.0,
                "csr": SECONDS["csr_per_edge"] * m,
-               "assign": {"metis": SECONDS["metis_per_edge"], "multilevel": MULTILEVEL_SECONDS_PER_EDGE,
-                          "random": 0.0}[ran] * e,
+               "assign": {"metis": metis_rate, "multilevel": MULTILEVEL_SECONDS_PER_EDGE, "random": 0.0}[ran] * e,
                "write": (SECONDS["write_per_edge"] * e + SECONDS["write_per_feature_byte"] * 4 * d * n) / ranks}
-    return {"graph": g, "parts": parts, "ranks": ranks, "method": method, "phases": phases, "peak_phase": peak_phase,
+    return {"graph": g, "parts": parts, "ranks": ranks, "method": method, "metis_levels": metis_levels,
+            "phases": phases, "peak_phase": peak_phase,
             "peak_bytes": peak, "peak_bytes_fast_coarsening": peak_fast,
             "other_rank_bytes": BASELINE_BYTES + phases["other_rank"],
             "bytes_per_edge": (peak - BASELINE_BYTES - phases["part_features"]) / e, "disk_bytes": disk,
@@ -192,10 +239,11 @@ def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto") -> dict
             "total_seconds": sum(seconds.values())}
 
 
-def plan_for(spec_or_name: str, parts: int, ranks: int = 1, like: bool = False, method: str = "auto") -> dict:
+def plan_for(spec_or_name: str, parts: int, ranks: int = 1, like: bool = False, method: str = "auto",
+             metis_levels: str = "disk") -> dict:
     if parts < 1 or ranks < 1:
         raise InputError("--num-parts", f"{parts} parts on {ranks} ranks: both must be >= 1")
-    return plan(PRESETS[spec_or_name] if like else size_of_spec(spec_or_name), parts, ranks, method)
+    return plan(PRESETS[spec_or_name] if like else size_of_spec(spec_or_name), parts, ranks, method, metis_levels)
 
 
 def format_plan(p: dict) -> str:
@@ -217,6 +265,7 @@ def format_plan(p: dict) -> str:
     lines.append(f"predicted disk {p['disk_bytes'] / gib:.2f} GiB of partitions (float32 features; compact types "
                  f"less), scratch {(p['scratch_bytes'] - p['levels_scratch_bytes']) / gib:.2f} GiB"
                  + (" if data.npz is compressed (0 if stored)" if g.archive else "")
-                 + (f" + {p['levels_scratch_bytes'] / gib:.2f} GiB of coarse levels" if p["levels_scratch_bytes"] else ""))
+                 + (f" + {p['levels_scratch_bytes'] / gib:.2f} GiB of coarse levels"
+                    + (" (METIS's, --metis-levels disk)" if method == "METIS" else "") if p["levels_scratch_bytes"] else ""))
     lines.append(f"predicted time {p['total_seconds']:.0f} s at this host's rates (2 cores; docs/partitioning.md)")
     return "\n".join(lines)

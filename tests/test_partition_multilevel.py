@@ -70,6 +70,31 @@ def test_auto_is_metis_below_the_limit(tmp_path):
     assert auto.partitioner["reason"] == f"auto: 10556 directed edges <= METIS's limit {metis.index_limit()}"
 
 
+def test_metis_spills_into_a_directory_of_its_own_and_leaves_nothing(tmp_path):
+    """``spill_dir``: METIS runs in a fresh directory under it (its ``ONDISK`` levels are named
+    relative to the working directory), returns the parts it returns without, and the working
+    directory and the spill directory are as before, also when the call fails. (Levels under
+    128 MB stay in memory, so the spill itself is measured by bench/partition_memory.py.)"""
+    graph = load_spec(SBM)
+    xadj, adjncy, vweights = csr_and_weights(graph)
+    home = os.getcwd()
+    plain = metis.part_graph_kway(xadj, adjncy, vweights, 3, 4, 0)
+    spilled = metis.part_graph_kway(xadj, adjncy, vweights, 3, 4, 0, spill_dir=str(tmp_path))
+    assert spilled[0] == plain[0] and np.array_equal(spilled[1], plain[1])
+    assert os.getcwd() == home and not os.listdir(tmp_path)
+    # --metis-levels reaches METIS on both paths, and the parts do not depend on it
+    for method in ("metis", "multilevel"):
+        disk, memory = (multilevel.assign(method, xadj, adjncy, vweights, 3, 4, 0, levels) for levels in ("disk", "memory"))
+        assert disk.method == memory.method == method and np.array_equal(disk.parts, memory.parts)
+    with pytest.raises(InputError, match=r"^--metis-levels: 'ram' is not one of disk, memory"):
+        multilevel.assign("metis", xadj, adjncy, vweights, 3, 4, 0, "ram")
+    with pytest.raises(RuntimeError), metis.spilled(str(tmp_path)):
+        inside = os.getcwd()
+        assert os.path.dirname(inside) == str(tmp_path) and inside != home
+        raise RuntimeError("METIS failed")
+    assert os.getcwd() == home and not os.listdir(tmp_path)
+
+
 def test_weights_beyond_metis_indices_are_scaled(monkeypatch):
     """A METIS build whose indices end at 4000 (papers100M against 2^31, in small): auto coarsens to
     half of it, and the summed weights that exceed it are divided before METIS sees them."""
@@ -162,8 +187,9 @@ def test_metis_that_cannot_fit_in_memory_stops_before_it_starts(monkeypatch):
     run stops with one line naming --method, before METIS starts, instead of being killed in it."""
     graph = load_spec("synthetic:rmat:scale=9,edge_factor=8,feat_dim=4,classes=4,seed=1")
     xadj, adjncy, vweights = csr_and_weights(graph)
-    monkeypatch.setattr(multilevel, "METIS_LEAST_BYTES_PER_EDGE", 1 << 50)
+    monkeypatch.setitem(multilevel.METIS_LEAST_BYTES_PER_EDGE, "disk", 1 << 50)
     with pytest.raises(InputError, match=r"^--method auto: needs [0-9.]+ GiB of memory for METIS on "
-                                         rf"{adjncy.size} directed edges \(--method multilevel needs about half\), "):
+                                         rf"{adjncy.size} directed edges, its levels on disk "
+                                         r"\(--method multilevel needs less\), "):
         multilevel.assign("auto", xadj, adjncy, vweights, 3, 4, 0)
     assert multilevel.assign("multilevel", xadj, adjncy, vweights, 3, 4, 0).method == "multilevel"
