@@ -20,10 +20,9 @@ each peer's lock is held only for calls that return without waiting on a rank, s
 for nothing but the peers' locks. ``MPI_Abort`` is exempt: it ends the process. The RMA progress
 thread (``rudder.comm.progress``) takes the lock only when it is free (``Gate.poke``), for one
 progress call that returns at once. Every MPI call of a rank's start-up follows the discipline
-too, so the thread can run from the rank's first RMA window on; until ``started`` (the first
-minibatch in hand), a wait sleeps longer between tests (``STARTING_SLEEP``): start-up waits are
-long (ranks finish their imports and file reads seconds apart), and a steady minibatch waits on
-none of them.
+too, so the thread can run from the rank's first RMA window on; until ``started``, a
+collective's meeting sleeps longer between tests (``STARTING_SLEEP``): start-up waits are long
+(ranks finish their imports and file reads seconds apart) and no minibatch waits on them.
 
 ``--mpi-lock off`` (``enable(False)``) turns the discipline off, the code's behaviour before it
 (for measuring its cost side by side, and for the stress harness's bisection). Whether the
@@ -39,15 +38,14 @@ import time
 ENABLED = True  # ``enable``: set once, before a rank's second thread starts
 FIRST_SLEEP = 10e-6  # ``yield``: seconds before the second test
 MAX_SLEEP = 100e-6  # ``yield``: the longest sleep between tests (a sleeping rank serves no one's Gets)
-# A starting rank's wait for its peers (a collective, or ``yield``'s wait for its first minibatch's
-# Gets): the sleep between tests grows with the wait so far (STARTING_GROWTH of it, so a wake-up
-# comes at most that share late) up to STARTING_SLEEP. Ranks start at different times (an import or
-# a file read of one rank takes seconds more than another's), and a rank polling all that time
-# takes a core from the ranks still working where ranks share cores. A rank's readers are served
-# meanwhile by its progress thread where it runs.
+# A starting rank's wait for its peers in a collective: the sleep between tests grows with the wait
+# so far (STARTING_GROWTH of it, so a wake-up comes at most that share late) up to STARTING_SLEEP.
+# Ranks start at different times (an import or a file read of one rank takes seconds more than
+# another's), and a rank polling all that time takes a core from the ranks still working where
+# ranks share cores. A rank's readers are served meanwhile by its progress thread where it runs.
 STARTING_SLEEP = 5e-3
 STARTING_GROWTH = 1 / 8
-STARTING = True  # until ``started``: the rank's start-up, whose waits for its peers sleep longer as they last
+STARTING = True  # until ``started``: the rank's start-up, whose collectives wait with growing sleeps
 
 
 class Gate:
@@ -135,16 +133,13 @@ def complete(requests: list, mode: str) -> None:
     sleeps between tests (``rudder.comm.waiting``). With the gate on, each test is an ``attempt``:
     under the lock when it is free, skipped when another thread holds it (that thread's call
     progresses these requests too), and the other thread gets in between; off, ``spin`` waits in
-    ``Waitall`` as before. Until the rank has ``started``, ``yield``'s sleeps grow with the wait as a
-    starting collective's do: its first minibatch's Gets wait for owners still starting up (over
-    OFI/TCP an owner serves them only once it is in MPI), and at 64 ranks on 2 cores tests every
-    ``MAX_SLEEP`` through those seconds were most of a rank's start-up CPU (docs/results-scale.md)."""
+    ``Waitall`` as before."""
     from mpi4py import MPI
 
     if not ENABLED and mode == "spin":
         MPI.Request.Waitall(requests)
         return
-    delay, start = FIRST_SLEEP, time.perf_counter()
+    delay = FIRST_SLEEP
     test = lambda: MPI.Request.Testall(requests)  # noqa: E731
     while True:
         tested, done = attempt(test)
@@ -155,17 +150,14 @@ def complete(requests: list, mode: str) -> None:
                 GATE.let_in()
             else:
                 time.sleep(0)  # the holder is inside MPI: let it have the interpreter, then try again
-        elif STARTING:
-            time.sleep(min(STARTING_SLEEP, max(delay, STARTING_GROWTH * (time.perf_counter() - start))))
-            delay = min(MAX_SLEEP, 2 * delay)
         else:
             time.sleep(delay)
             delay = min(MAX_SLEEP, 2 * delay)
 
 
 def started() -> None:
-    """The rank's start-up is over (its first minibatch's inputs are in hand): from now on a wait
-    sleeps at most ``MAX_SLEEP`` between tests (a peer may be reading this rank's rows)."""
+    """The rank's start-up is over: from now on a collective's wait sleeps at most ``MAX_SLEEP``
+    between tests, as every wait in training does (a peer may be reading this rank's rows)."""
     global STARTING
     STARTING = False
 

@@ -100,6 +100,7 @@ class Trainer:
         self.resumed_rows = self._resumed_epoch_rows() if self.resumed else None
         if cfg.sampling.prefetch_depth and layout.threads_per_rank >= 2:  # the pipeline thread gets a core of its own
             torch.set_num_threads(layout.threads_per_rank - 1)
+        gate.started()  # from here on a peer may be reading this rank's rows for a minibatch
         self.pipeline = MinibatchPipeline(self.schedule(self.start), self.sampler, self.features,
                                           cfg.sampling.prefetch_depth, self.policy.lookahead,
                                           snapshot=self.checkpoints.snapshot_if_due if self.checkpoints.enabled else None,
@@ -303,7 +304,6 @@ class Trainer:
         self.watchdog.doing("training thread", "waiting for the next minibatch's inputs")
         item, waited = self.pipeline.next()
         if self.clock is not None:  # the first minibatch: start-up ends here
-            gate.started()  # from here on the rank's peers are training too: waits test every MAX_SLEEP at most
             self.clock.mark("first minibatch")
             self.clock.write(self.log)
             self.clock = None
