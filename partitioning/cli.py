@@ -44,7 +44,7 @@ def partition_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seed for the random method and METIS (default 0)")
     ap.add_argument("--metis-levels", choices=METIS_LEVELS, default=METIS_LEVELS[0],
                     help="where METIS keeps its coarse levels while it works: disk (default: each level it is done with "
-                         "goes to the scratch directory until it refines back through it) or memory (faster, about "
+                         "goes to the scratch directory until it refines back through it) or memory (faster, with 2.5-"
                          "2.8x the memory); the parts are the same either way")
     ap.add_argument("--feature-dtype", default="auto", metavar="|".join(FEATURE_DTYPES),
                     help="storage type of the features, held and moved so between ranks and widened to float32 on "

@@ -25,7 +25,7 @@ from partitioning.graph import InputError
 METIS_OK = 1
 # Where METIS keeps its coarse levels while it works (``--metis-levels``): disk, the default, spills
 # each level it is done with (of 128 MB or more) into the scratch directory until it refines back
-# through it; memory keeps them all, faster and about 2.8x the memory (docs/partitioning.md).
+# through it; memory keeps them all, faster, with 2.5-2.8x the memory (docs/partitioning.md).
 METIS_LEVELS = ("disk", "memory")
 METIS_ERRORS = {-2: "input error", -3: "out of memory", -4: "error"}
 
