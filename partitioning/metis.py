@@ -27,6 +27,12 @@ METIS_OK = 1
 # each level it is done with (of 128 MB or more) into the scratch directory until it refines back
 # through it; memory keeps them all, faster, with 2.5-2.8x the memory (docs/partitioning.md).
 METIS_LEVELS = ("disk", "memory")
+
+
+def check_levels(metis_levels: str) -> None:
+    """One line naming --metis-levels unless ``metis_levels`` is one of ``METIS_LEVELS``."""
+    if metis_levels not in METIS_LEVELS:
+        raise InputError("--metis-levels", f"'{metis_levels}' is not one of {', '.join(METIS_LEVELS)}")
 METIS_ERRORS = {-2: "input error", -3: "out of memory", -4: "error"}
 
 

@@ -137,8 +137,7 @@ def assign(method: str, xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarr
     levels go there too with ``metis_levels`` disk (``metis.METIS_LEVELS``)."""
     if method not in METHODS:
         raise InputError("--method", f"'{method}' is not one of {', '.join(METHODS)}")
-    if metis_levels not in metis.METIS_LEVELS:
-        raise InputError("--metis-levels", f"'{metis_levels}' is not one of {', '.join(metis.METIS_LEVELS)}")
+    metis.check_levels(metis_levels)
     spill_dir = scratch_dir() if metis_levels == "disk" else None
     n, m, limit = xadj.shape[0] - 1, int(adjncy.shape[0]), edge_limit()
     requested = method

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from partitioning.graph import InputError
+from partitioning.metis import check_levels
 from partitioning.multilevel import CLUSTER_SHARE
 from partitioning.spec import Options, parse_options, positional
 
@@ -152,14 +153,23 @@ def metis_spills(edges: float, nodes: float, metis_levels: str) -> bool:
 
 def metis_spill_bytes(edges: float, nodes: float, metis_levels: str) -> float:
     """Scratch disk METIS's spilled levels take together (none where it spills nothing)."""
+    if not metis_spills(edges, nodes, metis_levels):
+        return 0.0
     level, total = metis_first_level_bytes(edges, nodes), 0.0
-    while metis_levels == "disk" and level >= METIS_SPILL_MIN_BYTES:
+    while level >= METIS_SPILL_MIN_BYTES:
         total += level
         level *= METIS_LEVEL_SHRINK
     return total
 
 
-def metis_levels_bytes(edges: float, metis_levels: str, nodes: float, fast: bool = False) -> float:
+def multilevel_metis_graph(e: float, n: float) -> tuple[float, float]:
+    """(edges, nodes) of the graph the multilevel path hands METIS: a quarter of the edges at most,
+    its nodes taken at the input's edges a node."""
+    seen = MULTILEVEL_TOP_SHARE * e
+    return seen, seen / (e / n)
+
+
+def metis_levels_bytes(edges: float, nodes: float, metis_levels: str, fast: bool = False) -> float:
     """METIS's own bytes a directed edge it sees: its levels on disk where it spills them, else in
     memory (the slow coarsening budgeted, or the ``fast`` one)."""
     if metis_spills(edges, nodes, metis_levels):
@@ -180,14 +190,14 @@ def phase_bytes(g: GraphSize, parts: int, method: str = "auto", metis_levels: st
     held_input = 8 * m / 2 if g.generated else 0
     csr = held_input + node_data + i * m + 16 * n + CHUNK_TEMP_BYTES  # buffer of every edge in, counts, cursors
     # METIS: the CSR as its adjncy, int32 xadj and three weights a node, and its own arrays
-    assign = node_data + i * e + 8 * n + (4 + 12) * n + metis_levels_bytes(e, metis_levels, n, fast) * e \
+    assign = node_data + i * e + 8 * n + (4 + 12) * n + metis_levels_bytes(e, n, metis_levels, fast) * e \
         + METIS_BYTES_PER_NODE * n
     if assign_method(method, e) == "multilevel":
         # the CSR, its xadj (as METIS takes it, and in int64), the balance weights (as METIS takes
         # them, and in int64) and every level's cluster map
         held = node_data + i * e + (4 + 8) * n + (12 + 24) * n + 8 * (1 + MULTILEVEL_LEVELS_NODES) * n
-        seen = MULTILEVEL_TOP_SHARE * e  # METIS on the coarsest graph
-        spills = metis_spills(seen, seen / (e / n), metis_levels)
+        seen, seen_nodes = multilevel_metis_graph(e, n)  # METIS on the coarsest graph
+        spills = metis_spills(seen, seen_nodes, metis_levels)
         top = MULTILEVEL_TOP_BYTES_PER_EDGE["disk" if spills else "memory"] * seen
         first_level = level_edge_bytes(e, n, parts) * MULTILEVEL_FIRST_LEVEL_SHARE * e + 32 * n
         assign = held + max(top, first_level) + MULTILEVEL_CHUNK_BYTES
@@ -205,8 +215,7 @@ def phase_bytes(g: GraphSize, parts: int, method: str = "auto", metis_levels: st
 
 
 def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto", metis_levels: str = "disk") -> dict:
-    if metis_levels not in METIS_BYTES_PER_EDGE:
-        raise InputError("--metis-levels", f"'{metis_levels}' is not one of {', '.join(METIS_BYTES_PER_EDGE)}")
+    check_levels(metis_levels)
     phases = phase_bytes(g, parts, method, metis_levels)
     peak_phase = max(MEMORY_PHASES, key=phases.get)
     peak = BASELINE_BYTES + phases[peak_phase]
@@ -220,9 +229,8 @@ def plan(g: GraphSize, parts: int, ranks: int = 1, method: str = "auto", metis_l
     ran = assign_method(method, e)
     levels = 0.0
     if ran == "multilevel":  # the coarse levels, in the scratch directory, and METIS's on the coarsest graph
-        seen = MULTILEVEL_TOP_SHARE * e
         levels = level_edge_bytes(e, n, parts) * MULTILEVEL_LEVELS_EDGES * e + 32 * MULTILEVEL_LEVELS_NODES * n \
-            + metis_spill_bytes(seen, seen / (e / n), metis_levels)
+            + metis_spill_bytes(*multilevel_metis_graph(e, n), metis_levels)
     elif ran == "metis":
         levels = metis_spill_bytes(e, n, metis_levels)
     metis_rate = SECONDS["metis_disk_per_edge" if metis_spills(e, n, metis_levels) else "metis_per_edge"]
