@@ -21,6 +21,7 @@ import tempfile
 import numpy as np
 
 from partitioning.graph import InputError
+from partitioning.ondisk import need_disk
 
 METIS_OK = 1
 # Where METIS keeps its coarse levels while it works (``--metis-levels``): disk, the default, spills
@@ -33,7 +34,39 @@ def check_levels(metis_levels: str) -> None:
     """One line naming --metis-levels unless ``metis_levels`` is one of ``METIS_LEVELS``."""
     if metis_levels not in METIS_LEVELS:
         raise InputError("--metis-levels", f"'{metis_levels}' is not one of {', '.join(METIS_LEVELS)}")
+
+
 METIS_ERRORS = {-2: "input error", -3: "out of memory", -4: "error"}
+
+# METIS spills a level only when its arrays (4 bytes an index: ncon + 1 a node, 2 an edge; what
+# it writes) reach 128 MiB, and every spilled level is on disk at once at the coarsest: the first
+# coarse level has about half the nodes and 0.72 of the edges, each next 0.9 of the one before
+# (fitted on RMAT-20's four spilled levels, 0.61 GiB; RMAT-22's took 5.44 GiB, 0.90 of this).
+METIS_SPILL_MIN_BYTES = 128 << 20
+METIS_FIRST_LEVEL_EDGES = 0.72
+METIS_LEVEL_SHRINK = 0.9
+
+
+def metis_first_level_bytes(edges: float, nodes: float, ncon: int = 3) -> float:
+    """What METIS's spill threshold weighs of its first coarse level: its arrays' indices."""
+    return 4 * (nodes / 2 * (ncon + 1) + 2 * METIS_FIRST_LEVEL_EDGES * edges)
+
+
+def metis_spills(edges: float, nodes: float, metis_levels: str, ncon: int = 3) -> bool:
+    """Whether METIS puts any coarse level of this graph on disk (``--metis-levels disk`` and a
+    first coarse level of ``METIS_SPILL_MIN_BYTES`` or more)."""
+    return metis_levels == "disk" and metis_first_level_bytes(edges, nodes, ncon) >= METIS_SPILL_MIN_BYTES
+
+
+def metis_spill_bytes(edges: float, nodes: float, metis_levels: str, ncon: int = 3) -> float:
+    """Scratch disk METIS's spilled levels take together (none where it spills nothing)."""
+    if not metis_spills(edges, nodes, metis_levels, ncon):
+        return 0.0
+    level, total = metis_first_level_bytes(edges, nodes, ncon), 0.0
+    while level >= METIS_SPILL_MIN_BYTES:
+        total += level
+        level *= METIS_LEVEL_SHRINK
+    return total
 
 
 def _prefix() -> str:
@@ -94,6 +127,9 @@ def part_graph_kway(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray, 
     c_idx = ctypes.c_int32 if idx is np.int32 else ctypes.c_int64
     nvtxs, ncon_c, nparts_c, objval = c_idx(n), c_idx(ncon), c_idx(nparts), c_idx(0)
     ptr = ctypes.c_void_p
+    if spill_dir is not None:  # METIS keeps a level it cannot write in memory, and says so only on stdout
+        need_disk(spill_dir, int(metis_spill_bytes(adjncy.shape[0], n, "disk", ncon)),
+                  "METIS's coarse levels (--metis-levels memory keeps them in memory, with more memory)")
     with spilled(spill_dir):
         status = lib.METIS_PartGraphKway(
             ctypes.byref(nvtxs), ctypes.byref(ncon_c), ptr(xadj.ctypes.data), ptr(adjncy.ctypes.data),

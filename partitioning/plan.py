@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from partitioning.graph import InputError
-from partitioning.metis import check_levels
+from partitioning.metis import check_levels, metis_spill_bytes, metis_spills
 from partitioning.multilevel import CLUSTER_SHARE
 from partitioning.spec import Options, parse_options, positional
 
@@ -33,13 +33,6 @@ from partitioning.spec import Options, parse_options, positional
 METIS_BYTES_PER_EDGE = {"memory": 46.0, "disk": 11.0}
 METIS_BYTES_PER_EDGE_FAST = 29.0
 METIS_BYTES_PER_NODE = 150.0
-# METIS spills a level only when its arrays (4 bytes an index: ncon + 1 a node, 2 an edge; what
-# it writes) reach 128 MiB, and every spilled level is on disk at once at the coarsest: the first
-# coarse level has about half the nodes and 0.72 of the edges, each next 0.9 of the one before
-# (fitted on RMAT-20's four spilled levels, 0.61 GiB; RMAT-22's took 5.44 GiB, 0.90 of this).
-METIS_SPILL_MIN_BYTES = 128 << 20
-METIS_FIRST_LEVEL_EDGES = 0.72
-METIS_LEVEL_SHRINK = 0.9
 # The multilevel path (partitioning/multilevel.py): METIS on at most a quarter of the edges, each
 # coarse graph on scratch disk between its uses, so besides the input CSR it holds the larger of
 # METIS on the coarsest graph (METIS's own arrays and that graph's, per edge METIS sees: with its
@@ -138,28 +131,6 @@ def level_edge_bytes(e: float, n: float, parts: int) -> int:
     cluster's degree can pass 2^31 (``multilevel.contract`` checks it on the real clusters): a
     cluster's degree is capped at 1/(CLUSTER_SHARE k) of the edges, or one node's (below n)."""
     return 8 if max(e / (CLUSTER_SHARE * parts), n) <= METIS_EDGE_LIMIT else 12
-
-
-def metis_first_level_bytes(edges: float, nodes: float, ncon: int = 3) -> float:
-    """What METIS's spill threshold weighs of its first coarse level: its arrays' indices."""
-    return 4 * (nodes / 2 * (ncon + 1) + 2 * METIS_FIRST_LEVEL_EDGES * edges)
-
-
-def metis_spills(edges: float, nodes: float, metis_levels: str) -> bool:
-    """Whether METIS puts any coarse level of this graph on disk (``--metis-levels disk`` and a
-    first coarse level of ``METIS_SPILL_MIN_BYTES`` or more)."""
-    return metis_levels == "disk" and metis_first_level_bytes(edges, nodes) >= METIS_SPILL_MIN_BYTES
-
-
-def metis_spill_bytes(edges: float, nodes: float, metis_levels: str) -> float:
-    """Scratch disk METIS's spilled levels take together (none where it spills nothing)."""
-    if not metis_spills(edges, nodes, metis_levels):
-        return 0.0
-    level, total = metis_first_level_bytes(edges, nodes), 0.0
-    while level >= METIS_SPILL_MIN_BYTES:
-        total += level
-        level *= METIS_LEVEL_SHRINK
-    return total
 
 
 def multilevel_metis_graph(e: float, n: float) -> tuple[float, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -93,6 +94,27 @@ def test_metis_spills_into_a_directory_of_its_own_and_leaves_nothing(tmp_path):
         assert os.path.dirname(inside) == str(tmp_path) and inside != home
         raise RuntimeError("METIS failed")
     assert os.getcwd() == home and not os.listdir(tmp_path)
+
+
+def test_metis_levels_that_would_not_fit_the_scratch_disk_stop_before_metis(tmp_path):
+    """METIS keeps a level it cannot write in memory (and says so only on stdout), so a scratch
+    disk too small for the levels is one line naming it before METIS starts: here a 1 MiB tmpfs
+    and a graph of 2^25 directed edges, whose levels would take 0.8 GB (METIS never runs on it)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"no tmpfs of our own to fill: mount said {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        n, m = 1 << 20, 1 << 25
+        assert metis.metis_spill_bytes(m, n, "disk") > 2**29
+        xadj, adjncy, vweights = np.zeros(n + 1, np.int32), np.zeros(m, np.int32), np.ones(3 * n, np.int32)
+        with pytest.raises(InputError, match=rf"^{small}: needs 0\.\d GiB of disk for METIS's coarse levels "
+                                             r"\(--metis-levels memory .*, 0\.0 GiB free"):
+            metis.part_graph_kway(xadj, adjncy, vweights, 3, 4, 0, spill_dir=str(small))
+        assert not os.listdir(small)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
 
 
 def test_weights_beyond_metis_indices_are_scaled(monkeypatch):
