@@ -1,10 +1,11 @@
 """The MPI settings an entry point makes before MPI starts (rudder.comm.mpi_env): the PyPI MPICH
-wheel across Slurm nodes gets the OFI netmod, every other case keeps MPICH's own choice."""
+wheel across Slurm nodes gets the OFI netmod, and with OFI every libfabric provider but
+``sockets`` unless one is named; every other case keeps MPICH's own choice."""
 from __future__ import annotations
 
 import pytest
 
-from rudder.comm.mpi_env import NETMOD, default_netmod, prepare_mpi_environment
+from rudder.comm.mpi_env import NETMOD, PROVIDER, default_netmod, default_provider, prepare_mpi_environment, pypi_mpich_installed
 
 
 def never_asked():
@@ -23,6 +24,18 @@ def test_the_netmod_is_ofi_only_for_the_wheel_across_slurm_nodes(environ, wheel,
     assert default_netmod(environ, wheel) == expected
 
 
+@pytest.mark.parametrize("environ, wheel, expected", [
+    ({NETMOD: "ofi"}, lambda: True, "^sockets"),  # the user's OFI under mpiexec: sockets hangs there too
+    ({NETMOD: "OFI"}, lambda: True, "^sockets"),
+    ({NETMOD: "ofi", PROVIDER: "tcp"}, never_asked, None),  # the user's provider stands
+    ({NETMOD: "ofi"}, lambda: False, None),  # the site's MPI and its libfabric
+    ({NETMOD: "ucx"}, never_asked, None),
+    ({}, never_asked, None),  # MPICH's own netmod
+])
+def test_ofi_excludes_the_sockets_provider_unless_one_is_named(environ, wheel, expected):
+    assert default_provider(environ, wheel) == expected
+
+
 def test_prepare_sets_only_what_was_unset():
     environ = {"SLURM_STEP_NUM_NODES": "2", NETMOD: "ucx"}
     prepare_mpi_environment(environ)
@@ -30,3 +43,6 @@ def test_prepare_sets_only_what_was_unset():
     environ = {}
     prepare_mpi_environment(environ)
     assert environ == {}
+    environ = {"SLURM_STEP_NUM_NODES": "2", PROVIDER: "tcp"}
+    prepare_mpi_environment(environ)  # the netmod chosen, the named provider kept
+    assert environ == {"SLURM_STEP_NUM_NODES": "2", PROVIDER: "tcp", **({NETMOD: "ofi"} if pypi_mpich_installed() else {})}

@@ -221,7 +221,8 @@ def test_srun_trains_with_the_llm_policy(slurm, parts4, tmp_path):
     logs = read_logs(run)
     assert [r["role"] for r in logs] == ["trainer"] * 4 + ["agent"] and all(r["status"] == "completed" for r in logs)
     assert logs[4]["decisions"].size >= 1
-    assert {r["attrs"]["versions"]["mpi_netmod"] for r in logs} == {"default"}  # one node: MPICH's own choice
+    assert {(r["attrs"]["versions"]["mpi_netmod"], r["attrs"]["versions"]["fi_provider"]) for r in logs} \
+        == {("default", "default")}  # one node: MPICH's own choice
     assert "Run done: 3 epochs on 4 trainers" in proc.stdout
 
 
@@ -241,8 +242,10 @@ def test_sbatch_runs_the_generic_jobscript(slurm, parts8, tmp_path):
     assert len(logs) == 10 and all(r["status"] == "completed" for r in logs)
     assert [r["layout"]["world_rank"] for r in logs if r["role"] == "agent"] == [4, 9]  # the last rank of each node
     assert {r["layout"]["num_nodes"] for r in logs} == {2}
-    # the PyPI MPICH across Slurm nodes: OFI, not UCX's 4 KB PMI card that Slurm may cut (rudder.comm.mpi_env)
-    assert {r["attrs"]["versions"]["mpi_netmod"] for r in logs} == {"ofi"}
+    # the PyPI MPICH across Slurm nodes: OFI, not UCX's 4 KB PMI card that Slurm may cut, and not
+    # libfabric's sockets provider, on which MPI_Init could hang (rudder.comm.mpi_env)
+    assert {(r["attrs"]["versions"]["mpi_netmod"], r["attrs"]["versions"]["fi_provider"]) for r in logs} \
+        == {("ofi", "^sockets")}
     assert "srun --ntasks=10 --ntasks-per-node=5 --distribution=block:block --cpus-per-task=1" in text  # 8 CPUs, 5 tasks
     # Bad input from the jobscript itself: one line, non-zero
     proc = subprocess.run(["sbatch", "--wait", "-N", "1", f"--output={tmp_path / 'bad.out'}", f"--chdir={REPO}",

@@ -11,6 +11,13 @@ once; Slurm rejects it ("value not properly terminated"), still answers success,
 a garbled address (UCX: "Assertion `*addr_version == UCP_OBJECT_VERSION_V2' failed").
 OFI's address is 16 bytes. So with the wheel, across Slurm nodes, the netmod is OFI unless the
 user chose one (docs/cluster.md, "MPI from PyPI under Slurm").
+
+With OFI and no provider named, MPICH picks libfabric's deprecated ``sockets`` provider where no
+fabric's is present, and a job across two nodes could then hang in MPI_Init, every rank in MPI's
+progress loop (MPICH knows of collectives blocking on ``sockets``: pmodels/mpich#5437). So
+wherever the wheel's netmod is OFI and the user named no provider, ``sockets`` is excluded
+(``FI_PROVIDER=^sockets``): MPICH then takes ``tcp`` on Ethernet, and a fabric's provider
+(verbs, EFA, PSM2) where there is one (docs/cluster.md has the runs).
 """
 from __future__ import annotations
 
@@ -18,6 +25,8 @@ import importlib.metadata
 import os
 
 NETMOD = "MPIR_CVAR_CH4_NETMOD"
+PROVIDER = "FI_PROVIDER"
+NOT_SOCKETS = "^sockets"  # libfabric's syntax for every provider but this one
 
 
 def pypi_mpich_installed() -> bool:
@@ -38,7 +47,18 @@ def default_netmod(environ, pypi_mpich=pypi_mpich_installed) -> str | None:
     return "ofi"
 
 
+def default_provider(environ, pypi_mpich=pypi_mpich_installed) -> str | None:
+    """The libfabric providers to allow, or None to leave MPICH's own choice: every one but
+    ``sockets`` where the wheel's netmod is OFI (ours or the user's) and no provider is named."""
+    if environ.get(NETMOD, "").lower() != "ofi" or PROVIDER in environ or not pypi_mpich():
+        return None
+    return NOT_SOCKETS
+
+
 def prepare_mpi_environment(environ=os.environ) -> None:
     netmod = default_netmod(environ)
     if netmod is not None:
         environ[NETMOD] = netmod
+    provider = default_provider(environ)
+    if provider is not None:
+        environ[PROVIDER] = provider

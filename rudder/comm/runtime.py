@@ -27,7 +27,7 @@ import numpy as np
 
 import rudder
 from rudder.comm import gate
-from rudder.comm.mpi_env import NETMOD
+from rudder.comm.mpi_env import NETMOD, PROVIDER
 
 
 def find_mpiexec() -> str | None:
@@ -94,7 +94,8 @@ def library_versions() -> dict:
         mpi = MPI.Get_library_version().splitlines()[0].strip()
     return {"rudder": rudder.__version__, "python": platform.python_version(), "numpy": np.__version__,
             "torch": version("torch"), "dgl": version("dgl"), "mpi4py": version("mpi4py"),
-            "mpi": mpi, "mpi_netmod": os.environ.get(NETMOD, "default"), "h5py": h5py.__version__,
+            "mpi": mpi, "mpi_netmod": os.environ.get(NETMOD, "default"),
+            "fi_provider": os.environ.get(PROVIDER, "default"), "h5py": h5py.__version__,
             "hdf5": h5py.version.hdf5_version}
 
 
