@@ -47,6 +47,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpi_overlap  # noqa: E402
 
+from rudder.comm.mpi_env import prepare_mpi_environment  # noqa: E402
+
 ROW_BYTES = 180  # Cora's bit-packed rows (docs/partitioning.md)
 ROWS = 1_000  # rows a rank exposes
 ROWS_A_READ = 600
@@ -176,6 +178,7 @@ def job_env(args, overlap_log: str | None, shim: str | None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_NUM_CLIQUES=str(args.ranks))
     if args.netmod != "default":
         env["MPIR_CVAR_CH4_NETMOD"] = args.netmod
+    prepare_mpi_environment(env)  # as the entry points do: with OFI, no libfabric sockets provider
     if args.iallreduce_algorithm != "auto":
         env["MPIR_CVAR_IALLREDUCE_INTRA_ALGORITHM"] = args.iallreduce_algorithm
     if shim is not None:
