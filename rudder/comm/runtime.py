@@ -5,7 +5,8 @@ signals that stop training cleanly.
   allgather, so every rank exits with the same one-line message printed once, by rank 0.
 * Any other exception on any rank prints that rank's error and calls ``COMM_WORLD.Abort``, which
   ends every rank of the job within a second under mpiexec and srun (instead of the others
-  waiting forever in the next collective).
+  waiting forever in the next collective). The rank first waits, briefly, until its launcher has
+  read that line, and exits at once should Abort return.
 * SIGINT/SIGTERM (Ctrl-C under mpiexec, scancel or the time limit under Slurm) ask for a stop:
   the request rides in the next gradient Allreduce, so all ranks stop after the same step and
   close their logs. A second signal, or no clean stop within ``grace`` seconds, aborts at once.
@@ -13,15 +14,21 @@ signals that stop training cleanly.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import importlib.metadata
 import os
 import platform
 import shutil
 import signal
 import socket
+import stat
+import struct
 import sys
+import termios
 import threading
+import time
 import traceback
+from typing import NoReturn
 
 import numpy as np
 
@@ -109,8 +116,32 @@ def agree_on_error(comm, error: str | None) -> str | None:
     return message if len(bad) == len(errors) else f"rank {rank}: {message}"
 
 
-def abort_job(exc: BaseException | None, message: str = "", log=None, code: int = 1):
-    """Print this rank's error, mark its log failed, and abort every rank of the job."""
+# How long an aborting rank waits for its launcher to read its last line (``written_out``).
+ABORT_DRAIN_SECONDS = 2.0
+
+
+def written_out(fd: int, seconds: float) -> bool:
+    """Whether the reader of ``fd``, where it is a pipe (mpiexec's proxy or slurmstepd reading a
+    rank's stderr), has read everything written to it, waiting up to ``seconds`` for it; True at
+    once for anything else (a file, a terminal). A pipe's unread bytes are its FIONREAD count,
+    from either end."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return True
+        deadline = time.monotonic() + seconds
+        while True:
+            unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+            if unread == 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+    except OSError:
+        return True
+
+
+def abort_job(exc: BaseException | None, message: str = "", log=None, code: int = 1) -> NoReturn:
+    """Print this rank's error, mark its log failed, and abort every rank of the job; never returns."""
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -128,7 +159,14 @@ def abort_job(exc: BaseException | None, message: str = "", log=None, code: int 
             log.close("failed", f"{where}: {message}")
         except Exception as e:  # the log must not stop the abort
             sys.stderr.write(f"train.py: {where}: could not finalise log {log.path}: {e}\n")
+    # The launcher reads the line before it hears of the Abort: on a busy host a test once got
+    # none of an aborting rank's stderr, not even MPICH's own line, as if its pipe was never read.
+    sys.stderr.flush()
+    written_out(sys.stderr.fileno(), ABORT_DRAIN_SECONDS)
     world.Abort(code)
+    # MPICH's MPI_Abort may return once it has told the launcher (the PyPI wheel under mpiexec did,
+    # most times): the rank would go on with its job, past the error, until the launcher kills it.
+    os._exit(code)
 
 
 def leave(status: int | None) -> None:
