@@ -165,7 +165,8 @@ def abort_job(exc: BaseException | None, message: str = "", log=None, code: int 
     written_out(sys.stderr.fileno(), ABORT_DRAIN_SECONDS)
     world.Abort(code)
     # MPICH's MPI_Abort may return once it has told the launcher (the PyPI wheel under mpiexec did,
-    # most times): the rank would go on with its job, past the error, until the launcher kills it.
+    # most times; pmodels/mpich#7716): the rank would go on with its job, past the error, until the
+    # launcher kills it.
     os._exit(code)
 
 
