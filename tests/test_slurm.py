@@ -63,7 +63,8 @@ PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscr
 
 # Every job and step the tests start ends within this many minutes by Slurm's own limit (they take
 # 15-60 s), so one that hangs frees its nodes for the next test instead of holding them until the
-# test's own timeout has killed only the waiting client.
+# test's own timeout has killed only the waiting client. Set once, in the fixture's environment
+# (sbatch and srun read it before the job script's own --time).
 JOB_MINUTES = 4
 
 
@@ -155,7 +156,7 @@ def slurm(tmp_path_factory):
                                       # under that name made the next session's first srun wait in MPI_Init
                                       first_job=random.randint(10**4, 10**7))  # below MaxJobId (67,043,328)
                     + f"AuthInfo=socket={socket_path}\n")
-        env = dict(os.environ, SLURM_CONF=conf)
+        env = dict(os.environ, SLURM_CONF=conf, SBATCH_TIMELIMIT=str(JOB_MINUTES), SLURM_TIMELIMIT=str(JOB_MINUTES))
         # two nodes on this one host (each slurmd with a port of its own): a job script's 2-node case
         for cmd in (["slurmctld"], ["slurmd", "-N", "n1"], ["slurmd", "-N", "n2"]):
             daemons.append(subprocess.Popen(cmd + ["-D", "-f", conf], stdout=subprocess.DEVNULL,
@@ -218,7 +219,7 @@ def test_the_launch_plan_fits_whole_cores_and_asks_the_registry():
 def test_srun_trains_with_the_llm_policy(slurm, parts4, tmp_path):
     model = write_tiny_gguf(str(tmp_path / "tiny.gguf"))
     run = tmp_path / "run"
-    proc = subprocess.run(["srun", "-N", "1", "-n", "5", "--kill-on-bad-exit=1", f"--time={JOB_MINUTES}", sys.executable,
+    proc = subprocess.run(["srun", "-N", "1", "-n", "5", "--kill-on-bad-exit=1", sys.executable,
                            os.path.join(REPO, "drivers", "train.py"),
                            "--data", parts4, "--run-dir", str(run), "--policy", "llm", "--llm-model", model, "--epochs", "3",
                            "--batch-size", "8", "--eval-every", "0", "--progress", "none"],
@@ -239,7 +240,7 @@ def test_sbatch_runs_the_generic_jobscript(slurm, parts8, tmp_path):
     env = dict(slurm, RUDDER_DATA=parts8, RUDDER_RUN_DIR=str(run), RUDDER_POLICY="tuner", RUDDER_EPOCHS="2",
                RUDDER_TRAINERS_PER_NODE="4", RUDDER_ARGS="--batch-size 8 --eval-every 0",
                RUDDER_VENV=os.path.dirname(os.path.dirname(sys.executable)))
-    proc = subprocess.run(["sbatch", "--wait", "-N", "2", f"--time={JOB_MINUTES}", f"--output={out}", f"--chdir={REPO}",
+    proc = subprocess.run(["sbatch", "--wait", "-N", "2", f"--output={out}", f"--chdir={REPO}",
                            os.path.join(REPO, "jobscripts", "generic.sbatch")],
                           capture_output=True, text=True, timeout=600, env=env)
     text = out.read_text() if out.exists() else ""
@@ -254,8 +255,7 @@ def test_sbatch_runs_the_generic_jobscript(slurm, parts8, tmp_path):
         == {("ofi", "^sockets")}
     assert "srun --ntasks=10 --ntasks-per-node=5 --distribution=block:block --cpus-per-task=1" in text  # 8 CPUs, 5 tasks
     # Bad input from the jobscript itself: one line, non-zero
-    proc = subprocess.run(["sbatch", "--wait", "-N", "1", f"--time={JOB_MINUTES}", f"--output={tmp_path / 'bad.out'}",
-                           f"--chdir={REPO}",
+    proc = subprocess.run(["sbatch", "--wait", "-N", "1", f"--output={tmp_path / 'bad.out'}", f"--chdir={REPO}",
                            os.path.join(REPO, "jobscripts", "generic.sbatch")],
                           capture_output=True, text=True, timeout=300, env=dict(env, RUDDER_DATA=str(tmp_path)))
     assert proc.returncode != 0 and "no metadata.json" in (tmp_path / "bad.out").read_text()
@@ -268,7 +268,7 @@ def test_scancel_term_checkpoints_and_a_resubmitted_job_resumes(slurm, parts4, t
     env = dict(slurm, RUDDER_DATA=parts4, RUDDER_RUN_DIR=str(run), RUDDER_POLICY="fixed", RUDDER_EPOCHS="400",
                RUDDER_TRAINERS_PER_NODE="4", RUDDER_CHECKPOINT_EVERY="100000", RUDDER_ARGS="--batch-size 8 --eval-every 0",
                RUDDER_VENV=os.path.dirname(os.path.dirname(sys.executable)))
-    submit = ["sbatch", "--parsable", "-N", "1", "--ntasks-per-node=4", f"--time={JOB_MINUTES}", f"--chdir={REPO}"]
+    submit = ["sbatch", "--parsable", "-N", "1", "--ntasks-per-node=4", f"--chdir={REPO}"]
     job = subprocess.run(submit + [f"--output={out}", os.path.join(REPO, "jobscripts", "generic.sbatch")],
                          capture_output=True, text=True, timeout=60, env=env).stdout.strip().split(";")[0]
     deadline = time.monotonic() + 180
