@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,8 @@ from conftest import BUNDLED_CORA, REPO, mpiexec, read_logs, run_train
 
 from rudder.netem.congestion import CHUNK, parse_profile
 from rudder.netem.job import mpiexec_sections, ranks_of, with_rank_shim
-from rudder.netem.namespaces import support_problem
+from rudder.netem.namespaces import Netns, support_problem
+from rudder.netem.shaping import LinkEnd, Shaper, counters, install
 
 PROBLEM = support_problem()
 needs_netem = pytest.mark.skipif(PROBLEM is not None, reason=f"no shaped network on this machine: {PROBLEM}")
@@ -253,6 +255,37 @@ def test_faults_take_the_link_down_and_bring_it_back(tmp_path, links, qdisc):
     assert re.search(r"t=\d+\.\ds 1048576 B crossed: the faults' clock starts", proc.stdout)
     assert re.search(r"t=\d+\.\ds .*link down \(down@1\+0\.5\)", proc.stdout)
     assert "link stalled at 8kbit (stall@2.5+0.5)" in proc.stdout
+
+
+@needs_netem
+@pytest.mark.parametrize("qdisc", ["tbf", "htb"])
+def test_link_counters_are_tcs(qdisc):
+    """The counters read by netlink are the ones ``tc -s qdisc`` prints for the root qdisc, after
+    traffic that queued on it (a 10 Mbit/s link with a small bucket: both count overlimits, tbf drops
+    what would wait over its latency)."""
+    ns = Netns("counters")
+    try:
+        ns.run("ip", "link", "set", "lo", "up")
+        link = LinkEnd(None, "lo", ns, "lo")
+        install(link, Shaper(qdisc, 10**7, 65536))
+        with ns.entered():
+            sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for _ in range(300):
+            sender.sendto(bytes(1400), ("127.0.0.1", 9))
+        sender.close()
+        deadline = time.monotonic() + 10
+        while True:  # until the queue has drained, so that both reads see the same counts
+            tc = next(q for q in json.loads(ns.run("tc", "-s", "-j", "qdisc", "show", "dev", "lo")) if q.get("root"))
+            if tc["qlen"] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        ours = counters(link)
+    finally:
+        ns.close()
+    assert ours["qdisc"] == tc["kind"] == qdisc
+    assert (ours["sent_bytes"], ours["sent_packets"], ours["dropped"], ours["overlimits"]) == \
+        (tc["bytes"], tc["packets"], tc["drops"], tc["overlimits"])
+    assert ours["sent_packets"] > 40 and ours["overlimits"] > 0
 
 
 @pytest.mark.parametrize("args,flag", [

@@ -6,14 +6,19 @@ steps back into the namespace it came from, so nothing is ever named in /var/run
 a mount: when the tool and its job are gone, however they went (SIGKILL included), the kernel frees
 the namespaces and, with them, every link and qdisc made inside. Other processes reach a namespace
 through the descriptor's path, ``/proc/<tool pid>/fd/<n>`` (``nsenter --net=PATH``, or ``setns``
-from the rank shim)."""
+from the rank shim). The tool reads its qdiscs' counters through a netlink socket made inside each
+namespace (``rudder.netem.netlink``), kept while the namespace is held."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
 import shutil
+import socket
 import subprocess
+import threading
+
+from rudder.netem import netlink
 
 CLONE_NEWNET = 0x40000000
 TOOLS = ("ip", "tc", "nsenter", "unshare")
@@ -60,6 +65,9 @@ class Netns:
             os.close(here)
         self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
         self.inode = os.fstat(self.fd).st_ino
+        self._netlink = None  # made on the first read, inside the namespace
+        self._ifindex: dict[str, int] = {}
+        self._netlink_lock = threading.Lock()  # the fault thread and the main thread both read counters
 
     def run(self, *argv: str) -> str:
         """Run ``argv`` (ip, tc) inside this namespace; its stdout, or a NetemError naming the step."""
@@ -80,7 +88,26 @@ class Netns:
             setns(here)
             os.close(here)
 
+    def root_qdisc_stats(self, dev: str) -> dict:
+        """The counters of device ``dev``'s root qdisc in this namespace (``rudder.netem.netlink``)."""
+        with self._netlink_lock:
+            if self._netlink is None or dev not in self._ifindex:
+                with self.entered():
+                    self._netlink = self._netlink or netlink.open_socket()
+                    try:
+                        self._ifindex[dev] = socket.if_nametoindex(dev)
+                    except OSError:
+                        raise NetemError(f"no device {dev} in namespace {self.name}") from None
+            stats = netlink.root_qdisc_stats(self._netlink, self._ifindex[dev])
+        if stats is None:
+            raise NetemError(f"no root qdisc on {dev} in namespace {self.name}")
+        return stats
+
     def close(self) -> None:
+        with self._netlink_lock:
+            if self._netlink is not None:
+                self._netlink.close()
+                self._netlink = None
         os.close(self.fd)
 
 

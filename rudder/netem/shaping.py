@@ -1,5 +1,5 @@
 """Rates, sizes and the qdisc on one shaped link end: install it, change its rate (a stall), read
-its byte counter (``tc -s qdisc``).
+its counters (the root qdisc's statistics, as ``tc -s qdisc`` shows them, read by netlink).
 
 A link end is a device inside one namespace whose egress is shaped: ``lo`` for the shared link,
 or one end of a node's veth pair for per-node links (``node`` = the node's NIC sending, ``switch``
@@ -106,7 +106,7 @@ def set_up(link: LinkEnd, up: bool) -> None:
 
 def counters(link: LinkEnd) -> dict:
     """The root qdisc's counters on this link end: what crossed the shaping, and what it dropped."""
-    root = next(q for q in json.loads(link.ns.run("tc", "-s", "-j", "qdisc", "show", "dev", link.dev)) if q.get("root"))
+    root = link.ns.root_qdisc_stats(link.dev)
     return {"link": link.label, "node": link.node, "end": link.end, "netns": link.ns.name, "dev": link.dev,
             "qdisc": root["kind"], "sent_bytes": root["bytes"], "sent_packets": root["packets"],
             "dropped": root["drops"], "overlimits": root["overlimits"]}
