@@ -261,13 +261,13 @@ def test_faults_take_the_link_down_and_bring_it_back(tmp_path, links, qdisc):
 @pytest.mark.parametrize("qdisc", ["tbf", "htb"])
 def test_link_counters_are_tcs(qdisc):
     """The counters read by netlink are the ones ``tc -s qdisc`` prints for the root qdisc, after
-    traffic that queued on it (a 10 Mbit/s link with a small bucket: both count overlimits, tbf drops
+    traffic that queued on it (a 4 Mbit/s link with a small bucket: both count overlimits, tbf drops
     what would wait over its latency)."""
     ns = Netns("counters")
     try:
         ns.run("ip", "link", "set", "lo", "up")
         link = LinkEnd(None, "lo", ns, "lo")
-        install(link, Shaper(qdisc, 10**7, 65536))
+        install(link, Shaper(qdisc, 4 * 10**6, 65536))
         with ns.entered():
             sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for _ in range(300):
