@@ -48,10 +48,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-if [ -z "${PYTHON:-}" ]; then
-  if [ -x .venv/bin/python ]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=$(command -v python3); fi
-fi
-export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+CHECK_NAME=gpu_check.sh
+. bench/device_mpi.sh
 
 # -- here: what the device machine needs ------------------------------------------------------
 prepare_data() {
@@ -69,50 +67,13 @@ EOF
   du -sh "$CHECK/parts"/*
 }
 
-prepare_wheels() {
-  # For the device's Python 3.12 on x86-64 Linux: the MPI runtime, and mpi4py in case its own fails.
-  mkdir -p "$WHEELS"
-  "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 -d "$WHEELS" mpich==5.0.2 mpi4py==4.1.2 || exit 1
-  ls -la "$WHEELS"
-}
-
 case $MODE in
-  prepare) prepare_data; prepare_wheels; exit 0 ;;
+  prepare) prepare_data; prepare_mpi_wheels; exit 0 ;;
   prepare-data) prepare_data; exit 0 ;;
 esac
 
 # -- there: the runtime, then the runs ---------------------------------------------------------
-find_mpiexec() {
-  for candidate in "$(dirname "$PYTHON")/mpiexec" "$MPICH_PREFIX/bin/mpiexec" "$(command -v mpiexec)"; do
-    [ -n "$candidate" ] && [ -x "$candidate" ] && { echo "$candidate"; return; }
-  done
-}
-mpi_library() { "$PYTHON" -c "from mpi4py import MPI; print('MPI:', MPI.Get_library_version().splitlines()[0])" 2>/dev/null; }
-use_carried_mpich() {
-  # The runs emulate a node per rank with MPIR_CVAR_NUM_CLIQUES, which only MPICH reads: another MPI
-  # (the device image's mpi4py loads an Open MPI) would put all four ranks on one node, where no row
-  # is remote and the buffer policy has nothing to do.
-  ls "$WHEELS"/mpich-*.whl >/dev/null 2>&1 || { echo "gpu_check.sh: no MPICH here ($1) and no mpich wheel in $WHEELS (run --prepare first)"; exit 1; }
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed --prefix "$MPICH_PREFIX" \
-    "$WHEELS"/mpich-*.whl || exit 1
-  export PATH=$MPICH_PREFIX/bin:$PATH LD_LIBRARY_PATH=$MPICH_PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  MPIEXEC=$MPICH_PREFIX/bin/mpiexec
-  if ! mpi_library | grep -q '^MPI: MPICH'; then  # this mpi4py was built for another MPI: the carried one loads any
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-      "$WHEELS"/mpi4py-*.whl || exit 1
-    export PYTHONPATH=$SITE:$PYTHONPATH MPI4PY_LIBMPI=$MPICH_PREFIX/lib/libmpi.so.12
-  fi
-}
-
-MPIEXEC=$(find_mpiexec)
-if [ -z "$MPIEXEC" ]; then
-  use_carried_mpich "no mpiexec"
-elif ! mpi_library | grep -q '^MPI: MPICH'; then
-  use_carried_mpich "mpi4py loads $(mpi_library || echo no MPI library)"
-fi
-mpi_library | grep '^MPI: MPICH' || { echo "gpu_check.sh: mpi4py cannot load an MPICH library ($(mpi_library))"; exit 1; }
+use_device_mpi
 "$PYTHON" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
 if [[ " $DEVICES " == *" cuda "* ]]; then
   reason=$("$PYTHON" -c "import torch; print('' if torch.cuda.is_available() else 'torch.cuda.is_available() is False (torch ' + torch.__version__ + ')')")

@@ -85,7 +85,11 @@ int f(long a, long b, long c, long d, long e, long g, long h, long i, long j, lo
 
 
 def libmpi() -> str | None:
-    """The libmpi beside this Python's environment (the mpich wheel's), else None."""
+    """The libmpi mpi4py is told to load (``MPI4PY_LIBMPI``, as bench/device_mpi.sh sets it for an
+    MPICH installed apart), else the one beside this Python's environment (the mpich wheel's), else None."""
+    told = os.environ.get("MPI4PY_LIBMPI")
+    if told and os.path.isfile(told):
+        return told
     found = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmpi.so.*")))
     return found[0] if found else None
 

@@ -2,7 +2,7 @@
 nodes (issue 40; docs/results-scale.md).
 
     python bench/scale.py [--points 4,8,16,32,64] [--policies none,lookahead,heuristic] [--strong 4,8,16,32,64]
-        [--nodes-per-trainer 1024] [--epochs 3] [--workdir DIR] [--out FILE.json] [--lock FILE]
+        [--nodes-per-trainer 1024] [--epochs 3] [--workdir DIR] [--out FILE.json] [--lock FILE] [--bind core]
 
 Weak scaling: RMAT graphs (edge factor 16, 128 float32 features, 16 classes) of P x 1024 nodes, so
 scale log2(P) + 10, the same nodes and edges a trainer at every P, in P METIS parts. Strong
@@ -39,7 +39,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpi_counts  # noqa: E402
-from mpi_job import cached_partition, cpu_ticks  # noqa: E402
+from mpi_job import VENV_MPIEXEC, cached_partition, cpu_ticks  # noqa: E402
 
 from rudder.logs import metrics  # noqa: E402
 from rudder.logs.reader import read_rank  # noqa: E402
@@ -64,7 +64,8 @@ def spec(scale: int) -> str:
     return f"synthetic:rmat:scale={scale},edge_factor=16,feat_dim={FEAT_DIM},classes=16,seed=1"
 
 
-def run_job(parts: str, run_dir: str, trainers: int, policy: str, epochs: int, shim: str, lock: str | None) -> dict:
+def run_job(parts: str, run_dir: str, trainers: int, policy: str, epochs: int, shim: str, lock: str | None,
+            bind: str = "none") -> dict:
     """One training job; returns its wall seconds, the host's CPU seconds and the shim's log prefix."""
     from rudder.data.partition_store import PartitionMeta
 
@@ -75,7 +76,8 @@ def run_job(parts: str, run_dir: str, trainers: int, policy: str, epochs: int, s
     os.makedirs(os.path.dirname(counts), exist_ok=True)
     for old in glob.glob(counts + ".*"):
         os.remove(old)
-    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(trainers + agents), sys.executable,
+    binding = [] if bind == "none" else ["-bind-to", bind]  # hydra's: a core (or a hardware thread) a rank
+    cmd = [VENV_MPIEXEC, *binding, "-n", str(trainers + agents), sys.executable,
            os.path.join(REPO, "drivers", "train.py"), "--data", parts, "--run-dir", run_dir, "--overwrite",
            "--epochs", str(epochs), "--eval-every", "0", "--progress", "none", "--policy", policy,
            "--batch-size", str(BATCH), "--checkpoint-every", str(2 * steps)]
@@ -284,6 +286,8 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/rudder-scale")
     ap.add_argument("--lock", default=None,
                     help="run jobs of 32 trainers or more under flock FILE (a shared host's big jobs take turns)")
+    ap.add_argument("--bind", default="none", choices=("none", "core", "hwthread"),
+                    help="pin each rank to a core (mpiexec -bind-to core): a core a rank, where the host has enough")
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", metavar="FILE.json", help="print the tables of an earlier series (its plan figures redone)")
     ap.add_argument("--markdown", action="store_true", help="with --report: the tables as docs/results-scale.md has them")
@@ -319,11 +323,12 @@ def main() -> None:
             results[series].setdefault(policy, {})[str(p)] = same
             continue
         run_dir = os.path.join(a.workdir, "runs", f"{series}-p{p}-{policy}")
-        print(f"{series} P={p} {policy}: RMAT-{scale} ...", flush=True)
-        job = run_job(parts, run_dir, p, policy, a.epochs, shim, a.lock)
+        print(f"{series} P={p} {policy}: RMAT-{scale}{'' if a.bind == 'none' else ', ranks bound to a ' + a.bind} ...",
+              flush=True)
+        job = run_job(parts, run_dir, p, policy, a.epochs, shim, a.lock, a.bind)
         result = analyse(run_dir, job, parts, policy)
         results[series].setdefault(policy, {})[str(p)] = point_summary(result)
-        results[series][policy][str(p)]["per_rank"] = result["ranks"]
+        results[series][policy][str(p)].update(per_rank=result["ranks"], bind=a.bind)
         with open(out, "w") as f:
             json.dump(results, f, indent=1, default=float)
         print(f"  {job['wall_s']:.0f} s wall, {job['host_cpu_s']:.0f} s host CPU", flush=True)
