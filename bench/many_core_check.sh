@@ -4,8 +4,8 @@
 #
 #   bench/many_core_check.sh --prepare        here, once: the mpich and mpi4py wheels into .whl/, Cora
 #                                             in 4 parts and the weak series' RMAT parts into .many-core/
-#   bench/many_core_check.sh [--out DIR] [--replica-seconds 240] [--points 4,8,16] [--policies none,lookahead]
-#                            [--only replicas|scale]
+#   bench/many_core_check.sh [--out DIR] [--replica-seconds 200] [--points 4,8,16] [--policies none,lookahead]
+#                            [--only "replicas scale busy"]
 #
 # There (the device tool's run: carry [".whl", ".many-core"], command "bash bench/many_core_check.sh",
 # timeout_s 600), after installing what is missing from the carried wheels (bench/device_mpi.sh):
@@ -13,9 +13,11 @@
 #     of 10 runs on 16 cores: Cora p4, 4 ranks with no binding (4 threads a rank), --policy fixed,
 #     --mpi-wait spin, jobs alternately --mpi-lock off and on for --replica-seconds;
 #  2. scale (issue 40): bench/scale.py's weak series at --points with a core a rank (--bind core):
-#     start-up CPU, memory, MPI calls and collectives as P grows, without ranks sharing cores.
+#     start-up CPU, memory, MPI calls and collectives as P grows, without ranks sharing cores;
+#  3. busy (issue 40): bench/busy_owner.py at P = 16, 4 emulated nodes, owners computing for real
+#     (--owner-work matmul, a core each) while rank 0 reads, with and without the progress thread.
 # --out (default $OUT if set, else .many-core/out) gets machine.txt (cores, Python, torch, MPI),
-# replicas.json, scale.json and check.log (everything printed).
+# replicas.json, scale.json and check.log (everything printed, the busy owners' table too).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -24,10 +26,10 @@ WHEELS=$REPO/.whl
 OUT=${OUT:-$CHECK/out}
 MPICH_PREFIX=${MPICH_PREFIX:-/tmp/mpich}
 SITE=${SITE:-/tmp/site}
-REPLICA_SECONDS=240
+REPLICA_SECONDS=200
 POINTS=4,8,16
 POLICIES=none,lookahead
-ONLY="replicas scale"
+ONLY="replicas scale busy"
 MODE=run
 while [ $# -gt 0 ]; do
   case $1 in
@@ -87,5 +89,9 @@ if [[ " $ONLY " == *" scale "* ]]; then
   echo "== scale: weak series P = $POINTS, $POLICIES, a core a rank"
   "$PYTHON" bench/scale.py --points "$POINTS" --policies "$POLICIES" --bind core --workdir "$CHECK/scale" \
     --out "$OUT/scale.json" || status=1
+fi
+if [[ " $ONLY " == *" busy "* ]]; then
+  echo "== busy owners: P = 16 on 4 nodes, owners computing (matmul) while rank 0 reads"
+  "$PYTHON" bench/busy_owner.py --ranks 16 --ranks-per-node 4 --owner-work matmul || status=1
 fi
 exit $status
