@@ -72,26 +72,29 @@ esac
 # -- there: the runtime, then the checks --------------------------------------------------------
 [ -f "$CHECK/cora4/metadata.json" ] || { echo "many_core_check.sh: $CHECK/cora4 missing (run --prepare here and carry .many-core)"; exit 1; }
 mkdir -p "$OUT"
-exec > >(tee "$OUT/check.log") 2>&1
-use_device_mpi
-{
-  echo "cores: $(nproc) (affinity), $(getconf _NPROCESSORS_ONLN) online; memory: $(free -g | awk '/Mem:/ {print $2}') GiB"
-  "$PYTHON" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
-  mpi_library
-  echo "mpiexec: $MPIEXEC; gcc: $(command -v gcc || echo none); nm: $(command -v nm || echo none)"
-} | tee "$OUT/machine.txt"
-status=0
-if [[ " $ONLY " == *" replicas "* ]]; then
-  echo "== replicas: Cora p4, 4 ranks, fixed, spin, --mpi-lock off/on, ${REPLICA_SECONDS} s"
-  "$PYTHON" bench/replica_runs.py --data "$CHECK/cora4" --seconds "$REPLICA_SECONDS" --json "$OUT/replicas.json" || status=1
-fi
-if [[ " $ONLY " == *" scale "* ]]; then
-  echo "== scale: weak series P = $POINTS, $POLICIES, a core a rank"
-  "$PYTHON" bench/scale.py --points "$POINTS" --policies "$POLICIES" --bind core --workdir "$CHECK/scale" \
-    --out "$OUT/scale.json" || status=1
-fi
-if [[ " $ONLY " == *" busy "* ]]; then
-  echo "== busy owners: P = 16 on 4 nodes, owners computing (matmul) while rank 0 reads"
-  "$PYTHON" bench/busy_owner.py --ranks 16 --ranks-per-node 4 --owner-work matmul || status=1
-fi
-exit $status
+run_checks() {
+  use_device_mpi
+  {
+    echo "cores: $(nproc) (affinity), $(getconf _NPROCESSORS_ONLN) online; memory: $(free -g | awk '/Mem:/ {print $2}') GiB"
+    "$PYTHON" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+    mpi_library
+    echo "mpiexec: $MPIEXEC; gcc: $(command -v gcc || echo none); nm: $(command -v nm || echo none)"
+  } | tee "$OUT/machine.txt"
+  local status=0
+  if [[ " $ONLY " == *" replicas "* ]]; then
+    echo "== replicas: Cora p4, 4 ranks, fixed, spin, --mpi-lock off/on, ${REPLICA_SECONDS} s"
+    "$PYTHON" bench/replica_runs.py --data "$CHECK/cora4" --seconds "$REPLICA_SECONDS" --json "$OUT/replicas.json" || status=1
+  fi
+  if [[ " $ONLY " == *" scale "* ]]; then
+    echo "== scale: weak series P = $POINTS, $POLICIES, a core a rank"
+    "$PYTHON" bench/scale.py --points "$POINTS" --policies "$POLICIES" --bind core --workdir "$CHECK/scale" \
+      --out "$OUT/scale.json" || status=1
+  fi
+  if [[ " $ONLY " == *" busy "* ]]; then
+    echo "== busy owners: P = 16 on 4 nodes, owners computing (matmul) while rank 0 reads"
+    "$PYTHON" bench/busy_owner.py --ranks 16 --ranks-per-node 4 --owner-work matmul || status=1
+  fi
+  return $status
+}
+run_checks 2>&1 | tee "$OUT/check.log"
+exit "${PIPESTATUS[0]}"
