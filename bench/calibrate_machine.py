@@ -28,7 +28,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.mpi_job import shaped  # noqa: E402
+from bench.mpi_job import MPIEXEC, shaped  # noqa: E402
 from rudder.sim.calibration import fit_cpu, link_figures  # noqa: E402
 from rudder.sim.machine import Machine, parse_rate, save_profile  # noqa: E402
 
@@ -39,7 +39,7 @@ def probe_link(rate: str, links: str, reps: int) -> tuple[dict, list[str]]:
     """feature_gather.py --calibrate behind the shaping: its JSON line, and the command."""
     py = sys.executable
     cmd = [*shaped(rate, links, 3),
-           os.path.join(os.path.dirname(py), "mpiexec"), "-n", "3", py, "-m", "mpi4py",
+           MPIEXEC, "-n", "3", py, "-m", "mpi4py",
            os.path.join(REPO, "bench", "feature_gather.py"), "--calibrate", "--reps", str(reps)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200,
                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO))

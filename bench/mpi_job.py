@@ -13,7 +13,7 @@ import tempfile
 # The launcher: $MPIEXEC if set (as tests/run_suite.sh reads it; a machine whose MPICH was installed
 # apart, bench/device_mpi.sh), else the one beside this interpreter (the venv's, from the mpich
 # extra), else the first on PATH; and this checkout
-VENV_MPIEXEC = os.environ.get("MPIEXEC") or next(
+MPIEXEC = os.environ.get("MPIEXEC") or next(
     (path for path in (os.path.join(os.path.dirname(sys.executable), "mpiexec"), shutil.which("mpiexec") or "")
      if os.access(path, os.X_OK)), "mpiexec")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +27,7 @@ def cpu_ticks() -> list[int]:
 
 def run_worker_job(script: str, argv: list[str], ranks: int, env: dict | None = None, timeout: int = 1200) -> dict:
     with tempfile.TemporaryDirectory() as work:
-        proc = subprocess.run([VENV_MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", os.path.abspath(script),
+        proc = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", os.path.abspath(script),
                                "--worker", "--workdir", work, *argv],
                               capture_output=True, text=True, timeout=timeout,
                               env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
@@ -116,7 +116,7 @@ def train_job(parts: str, run_dir: str, ranks: int, cliques: int, flags: list[st
     MPICH told the host is CLIQUES nodes, behind ``wrapper`` if given (a shaped network:
     ``python -m rudder.netem ... --``); exits with the job's stderr on failure. Returns the rank
     log paths. ``repo``: whose drivers/train.py (and library: it runs its own), this one's by default."""
-    cmd = [*wrapper, VENV_MPIEXEC, "-n", str(ranks), sys.executable, os.path.join(repo or REPO, "drivers", "train.py"),
+    cmd = [*wrapper, MPIEXEC, "-n", str(ranks), sys.executable, os.path.join(repo or REPO, "drivers", "train.py"),
            "--data", parts, "--run-dir", run_dir, *JOB_FLAGS, *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                           env=dict(os.environ, MPIR_CVAR_NUM_CLIQUES=str(cliques)))
@@ -136,7 +136,7 @@ def launch_jobs(jobs: list, ranks: int, workdir: str, env: dict | None = None, t
     with os.fdopen(fd, "w") as f:
         json.dump(jobs, f)
     script = script or os.path.join(REPO, "drivers", "train_jobs.py")
-    return subprocess.run([mpiexec or VENV_MPIEXEC, "-n", str(ranks), sys.executable, script, path],
+    return subprocess.run([mpiexec or MPIEXEC, "-n", str(ranks), sys.executable, script, path],
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
 
 

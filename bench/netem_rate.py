@@ -21,16 +21,18 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from bench.mpi_job import MPIEXEC  # noqa: E402
+
 PROBE = os.path.join(REPO, "bench", "rma_gets.py")
 CEILING = "100gbit"  # far above what two ranks on this host move: what the host itself can do, for reference
 
 
 def measure(links: str, rate: str, size: int, gets: int) -> dict:
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     with tempfile.TemporaryDirectory() as work:
         stats_path = os.path.join(work, "stats.json")
         proc = subprocess.run([sys.executable, "-m", "rudder.netem", "--rate", rate, "--links", links, "--stats",
-                               stats_path, "--", mpiexec, "-n", "2", sys.executable, PROBE, str(size), str(gets)],
+                               stats_path, "--", MPIEXEC, "-n", "2", sys.executable, PROBE, str(size), str(gets)],
                               capture_output=True, text=True, timeout=1200,
                               env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO))
         if proc.returncode:

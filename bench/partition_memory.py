@@ -34,6 +34,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.mpi_job import MPIEXEC  # noqa: E402
 from partitioning.plan import plan_for  # noqa: E402
 
 SPEC = "synthetic:rmat:scale={scale},edge_factor=16,feat_dim={dim},classes=16,seed=1"
@@ -93,8 +94,7 @@ def run_one(scale: int, parts: int, dim: int, tree: str, workdir: str, ranks: in
     cmd = [sys.executable, "-m", "partitioning", "--input", spec, "--num-parts", str(parts), "--out", out,
            "--method", method, *(["--metis-levels", metis_levels] if metis_levels else [])]
     if ranks > 1:
-        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-        cmd = [mpiexec, "-n", str(ranks), *cmd]
+        cmd = [MPIEXEC, "-n", str(ranks), *cmd]
     env = dict(os.environ, PYTHONPATH=tree)
     watch = ScratchWatch(workdir, out)
     text, wall, peak, cpu = run_measured(cmd, tree, env)

@@ -24,6 +24,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.mpi_job import MPIEXEC  # noqa: E402
 from rudder.logs.reader import load_run  # noqa: E402
 
 STEP_TIMERS = ("t_wait", "t_forward_backward", "t_allreduce", "t_update")
@@ -37,8 +38,7 @@ def step_seconds(run_dir: str) -> float:
 
 
 def train(args, run_dir: str, mode: str) -> float:
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    proc = subprocess.run([mpiexec, "-n", str(args.ranks), sys.executable, os.path.join(REPO, "drivers", "train.py"),
+    proc = subprocess.run([MPIEXEC, "-n", str(args.ranks), sys.executable, os.path.join(REPO, "drivers", "train.py"),
                            "--data", args.data, "--run-dir", run_dir, "--epochs", str(args.epochs), "--batch-size",
                            str(args.batch_size), "--eval-every", "0", "--progress", "none", "--policy", args.policy,
                            "--on-divergence", mode], capture_output=True, text=True)

@@ -46,7 +46,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpi_overlap  # noqa: E402
-from mpi_job import VENV_MPIEXEC  # noqa: E402
+from mpi_job import MPIEXEC  # noqa: E402
 
 from rudder.comm.mpi_env import prepare_mpi_environment  # noqa: E402
 
@@ -210,7 +210,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    mpiexec = VENV_MPIEXEC
+    mpiexec = MPIEXEC
     argv = [a for a in sys.argv[1:] if a != "--count-overlaps"]
     results, failed, start = [], [], time.perf_counter()
     with tempfile.TemporaryDirectory() as work:

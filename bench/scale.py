@@ -39,7 +39,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpi_counts  # noqa: E402
-from mpi_job import VENV_MPIEXEC, cached_partition, cpu_ticks  # noqa: E402
+from mpi_job import MPIEXEC, cached_partition, cpu_ticks  # noqa: E402
 
 from rudder.logs import metrics  # noqa: E402
 from rudder.logs.reader import read_rank  # noqa: E402
@@ -77,7 +77,7 @@ def run_job(parts: str, run_dir: str, trainers: int, policy: str, epochs: int, s
     for old in glob.glob(counts + ".*"):
         os.remove(old)
     binding = [] if bind == "none" else ["-bind-to", bind]  # hydra's: a core (or a hardware thread) a rank
-    cmd = [VENV_MPIEXEC, *binding, "-n", str(trainers + agents), sys.executable,
+    cmd = [MPIEXEC, *binding, "-n", str(trainers + agents), sys.executable,
            os.path.join(REPO, "drivers", "train.py"), "--data", parts, "--run-dir", run_dir, "--overwrite",
            "--epochs", str(epochs), "--eval-every", "0", "--progress", "none", "--policy", policy,
            "--batch-size", str(BATCH), "--checkpoint-every", str(2 * steps)]

@@ -22,11 +22,10 @@ import subprocess
 import sys
 import time
 
-from mpi_job import bench_datasets, cached_partition, label_flags, shaped
+from mpi_job import MPIEXEC, bench_datasets, cached_partition, label_flags, shaped
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
-MPIEXEC = os.path.join(os.path.dirname(PY), "mpiexec")
 POLICY_FLAGS = {label: label_flags(label) + (["--delta", "8"] if label == "fixed" else [])
                 for label in ("none-serial", "none", "static", "fixed", "lookahead")}
 
