@@ -5,17 +5,15 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 
+from rudder.comm.runtime import find_mpiexec
+
 # The launcher: $MPIEXEC if set (as tests/run_suite.sh reads it; a machine whose MPICH was installed
-# apart, bench/device_mpi.sh), else the one beside this interpreter (the venv's, from the mpich
-# extra), else the first on PATH; and this checkout
-MPIEXEC = os.environ.get("MPIEXEC") or next(
-    (path for path in (os.path.join(os.path.dirname(sys.executable), "mpiexec"), shutil.which("mpiexec") or "")
-     if os.access(path, os.X_OK)), "mpiexec")
+# apart, bench/device_mpi.sh), else the library's choice (the venv's, else PATH's); and this checkout
+MPIEXEC = os.environ.get("MPIEXEC") or find_mpiexec() or "mpiexec"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
